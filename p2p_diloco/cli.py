@@ -20,9 +20,135 @@ def _setup_logging(verbose: int) -> None:
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+def _load_config_file(ctx: click.Context, _param: click.Parameter, path: str | None) -> None:
+    """`--config FILE`: a TOML file whose `[command]` tables give defaults for that command's options.
+
+    Precedence stays flag > environment variable (P2P_DILOCO_<COMMAND>_<OPTION>) > file > default.
+    """
+    if path is None:
+        return
+    from p2p_diloco.config import load_toml
+    from p2p_diloco.errors import ConfigError
+
+    try:
+        data = load_toml(path)
+    except ConfigError as e:
+        raise click.BadParameter(str(e)) from e
+    ctx.default_map = {cmd: {k.replace("-", "_"): v for k, v in opts.items()} for cmd, opts in data.items()}
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "P2P_DILOCO"})
 @click.version_option(__version__, prog_name="p2p-diloco")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@click.option("--config", type=click.Path(dir_okay=False), callback=_load_config_file, expose_value=False,
+              is_eager=True, help="TOML file with a [command] table of option defaults per command.")
 def main(verbose: int) -> None:
     """Peer-to-peer DiLoCo: train one model across machines on ordinary internet links."""
     _setup_logging(verbose)
+
+
+def _csv(kind):
+    """click callback: parse a comma-separated list into a tuple of `kind`."""
+
+    def parse(_ctx, param, value):
+        if value is None or isinstance(value, tuple):
+            return value
+        try:
+            return tuple(kind(v.strip()) for v in str(value).split(",") if v.strip())
+        except ValueError as e:
+            raise click.BadParameter(f"expected a comma-separated list: {e}", param=param) from e
+
+    return parse
+
+
+def model_options(f):
+    """Options shared by every command that builds a model and reads data."""
+    f = click.option("--model", "model_size", default="tiny", show_default=True, help="Model preset: tiny or small.")(f)
+    f = click.option("--n-layer", type=int, default=None, help="Override the preset's number of blocks.")(f)
+    f = click.option("--n-embd", type=int, default=None, help="Override the preset's width.")(f)
+    f = click.option("--n-head", type=int, default=None, help="Override the preset's attention heads.")(f)
+    f = click.option("--block-size", type=int, default=None, help="Override the preset's context length.")(f)
+    f = click.option("--data", type=click.Path(), default=None,
+                     help="Text file or folder of text files (default: this Python's standard-library sources).")(f)
+    f = click.option("--batch-size", type=int, default=16, show_default=True, help="Sequences per inner step.")(f)
+    f = click.option("--lr", type=float, default=3e-3, show_default=True, help="Peak inner AdamW learning rate.")(f)
+    return f
+
+
+def diloco_options(f):
+    """Options of the outer loop, shared by `simulate` and `join`."""
+    from p2p_diloco.config import DiLoCoConfig as D
+
+    f = click.option("--local-steps", "-H", type=int, default=D.local_steps, show_default=True, help="H: inner steps per round.")(f)
+    f = click.option("--outer-lr", type=float, default=D.outer_lr, show_default=True, help="Outer Nesterov learning rate.")(f)
+    f = click.option("--outer-momentum", type=float, default=D.outer_momentum, show_default=True, help="Outer Nesterov momentum.")(f)
+    f = click.option("--momentum", type=click.Choice(["mixed", "local"]), default=D.momentum, show_default=True,
+                     help="Mix outer momentum with the partner's, or keep it local.")(f)
+    f = click.option("--mix-weight", type=float, default=D.mix_weight, show_default=True,
+                     help="Partner weight at equal tokens and no staleness.")(f)
+    f = click.option("--mix-pseudo-gradient/--no-mix-pseudo-gradient", default=D.mix_pseudo_gradient, show_default=True,
+                     help="Average the pseudo-gradient with the partner's as well.")(f)
+    f = click.option("--max-staleness", type=int, default=D.max_staleness, show_default=True,
+                     help="Skip partners more than this many versions behind.")(f)
+    return f
+
+
+def build_configs(kw: dict):
+    """Turn parsed model/train/outer options into validated config dataclasses (pops what it uses)."""
+    from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
+
+    model = ModelConfig(size=kw.pop("model_size"), n_layer=kw.pop("n_layer"), n_embd=kw.pop("n_embd"),
+                        n_head=kw.pop("n_head"), block_size=kw.pop("block_size"))
+    train = TrainConfig(batch_size=kw.pop("batch_size"), lr=kw.pop("lr"), seed=kw.get("seed", 0))
+    diloco = DiLoCoConfig(local_steps=kw.pop("local_steps"), outer_lr=kw.pop("outer_lr"),
+                          outer_momentum=kw.pop("outer_momentum"), momentum=kw.pop("momentum"),
+                          mix_weight=kw.pop("mix_weight"), mix_pseudo_gradient=kw.pop("mix_pseudo_gradient"),
+                          max_staleness=kw.pop("max_staleness"))
+    return model, train, diloco
+
+
+def user_errors():
+    """Context manager: the project's own errors become readable click errors (no traceback)."""
+    import contextlib
+
+    from p2p_diloco.errors import P2PDiLoCoError
+
+    @contextlib.contextmanager
+    def guard():
+        try:
+            yield
+        except P2PDiLoCoError as e:
+            raise click.ClickException(str(e)) from e
+
+    return guard()
+
+
+@main.command()
+@model_options
+@diloco_options
+@click.option("--islands", "-k", type=int, default=4, show_default=True, help="K: number of islands.")
+@click.option("--method", "methods", default="gossip,allreduce,dp", show_default=True, callback=_csv(str),
+              help="Comma list of gossip, allreduce (synchronous DiLoCo), dp (data parallel).")
+@click.option("--tokens", type=int, default=3_000_000, show_default=True, help="Total training tokens per method.")
+@click.option("--time-budget", type=float, default=None, help="Virtual seconds; stop every method when spent.")
+@click.option("--speeds", default=None, callback=_csv(float), help="Per-island relative speed, e.g. 1,1,1,0.1.")
+@click.option("--drop-prob", type=float, default=0.0, show_default=True, help="Chance an island misses a round.")
+@click.option("--latency-ms", type=float, default=100.0, show_default=True, help="Simulated one-way link latency.")
+@click.option("--bandwidth-mbps", type=float, default=1000.0, show_default=True, help="Simulated link bandwidth.")
+@click.option("--compression", type=click.Choice(["fp32", "bf16", "fp16", "int8"]), default="bf16", show_default=True,
+              help="Codec applied to every exchanged state.")
+@click.option("--mix-delay", type=click.IntRange(0, 1), default=1, show_default=True,
+              help="Rounds between a partner's state being published and mixed.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+def simulate(**kw) -> None:
+    """Simulate K islands in one process on a virtual clock and compare methods at equal tokens."""
+    import torch
+
+    from p2p_diloco.sim_report import run_simulation
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    with user_errors():
+        as_json, data = kw.pop("as_json"), kw.pop("data")
+        model, train, diloco = build_configs(kw)
+        run_simulation(kw, model, train, diloco, data, as_json)

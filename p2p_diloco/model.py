@@ -1,0 +1,127 @@
+"""A small byte-level GPT in the style of nanoGPT's `model.py`.
+
+Pre-LayerNorm transformer blocks, causal self-attention through
+`torch.nn.functional.scaled_dot_product_attention`, learned positional embeddings and a language
+model head tied to the token embedding. The vocabulary is the 256 byte values, so the model needs
+no tokenizer and its loss is in nats per byte.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+VOCAB_SIZE = 256
+
+PRESETS: dict[str, dict[str, int]] = {
+    # ~0.84M parameters: tests and CPU demos
+    "tiny": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 128},
+    # ~10.8M parameters
+    "small": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256},
+}
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, n_embd: int, n_head: int, dropout: float) -> None:
+        super().__init__()
+        self.n_head = n_head
+        self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=False)
+        self.proj = nn.Linear(n_embd, n_embd, bias=False)
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, n_embd: int, dropout: float) -> None:
+        super().__init__()
+        self.fc = nn.Linear(n_embd, 4 * n_embd, bias=False)
+        self.proj = nn.Linear(4 * n_embd, n_embd, bias=False)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, n_embd: int, n_head: int, dropout: float) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(n_embd)
+        self.attn = CausalSelfAttention(n_embd, n_head, dropout)
+        self.ln2 = nn.LayerNorm(n_embd)
+        self.mlp = MLP(n_embd, dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, n_layer: int, n_head: int, n_embd: int, block_size: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.block_size = block_size
+        self.wte = nn.Embedding(VOCAB_SIZE, n_embd)
+        self.wpe = nn.Embedding(block_size, n_embd)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd)
+        self.lm_head = nn.Linear(n_embd, VOCAB_SIZE, bias=False)
+        self.lm_head.weight = self.wte.weight  # weight tying
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # scaled init of residual projections (GPT-2)
+            if name.endswith("proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        B, T = idx.shape
+        assert T <= self.block_size, f"sequence of {T} exceeds block size {self.block_size}"
+        pos = torch.arange(T, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, VOCAB_SIZE), targets.reshape(-1))
+        return logits, loss
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.8, top_k: int | None = 40,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """Sample `max_new_tokens` bytes after the prompt `idx` of shape (B, T)."""
+        for _ in range(max_new_tokens):
+            cond = idx[:, -self.block_size :]
+            logits, _ = self(cond)
+            logits = logits[:, -1, :] / max(temperature, 1e-5)  # (B, V)
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float("inf")
+            probs = F.softmax(logits, dim=-1)
+            idx = torch.cat([idx, torch.multinomial(probs, 1, generator=generator)], dim=1)
+        return idx
+
+
+def build_model(cfg) -> GPT:
+    """Build a GPT from a `ModelConfig` (preset plus explicit overrides)."""
+    return GPT(**cfg.resolved(), dropout=cfg.dropout)

@@ -1,0 +1,114 @@
+"""The outer loop's mathematics: pseudo-gradient, mixing with a partner, outer Nesterov step.
+
+Pure functions on flat fp32 tensors, no model and no network, so the simulator and the real
+islands share them exactly and the unit tests can check them against hand-computed values.
+
+Notation (DESIGN.md section 1): `phi` anchor, `m` outer momentum, `delta = phi - theta` the
+pseudo-gradient of one round, `a` the partner's mixing weight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from p2p_diloco.config import DiLoCoConfig
+
+
+@dataclass
+class OuterState:
+    """An island's outer state: anchor, momentum, the last pseudo-gradient, version and tokens.
+
+    `delta` is the pseudo-gradient of the island's latest round; it is published with the rest
+    so a partner can average pseudo-gradients as well as anchors.
+    """
+
+    phi: torch.Tensor
+    m: torch.Tensor
+    delta: torch.Tensor
+    version: int = 0
+    tokens: int = 0
+
+    @classmethod
+    def fresh(cls, phi: torch.Tensor) -> "OuterState":
+        phi = phi.detach().float().clone()
+        return cls(phi=phi, m=torch.zeros_like(phi), delta=torch.zeros_like(phi))
+
+    def clone(self) -> "OuterState":
+        return OuterState(self.phi.clone(), self.m.clone(), self.delta.clone(), self.version, self.tokens)
+
+
+@dataclass(frozen=True)
+class PartnerState:
+    """A partner's published state as it arrived (already decoded to fp32)."""
+
+    phi: torch.Tensor
+    m: torch.Tensor | None
+    delta: torch.Tensor | None
+    version: int
+    tokens: int
+    peer: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def nesterov_step(state: OuterState, delta: torch.Tensor, lr: float, mu: float) -> None:
+    """Outer Nesterov step in place: `m <- mu m + delta`, `phi <- phi - lr (delta + mu m)`."""
+    state.m.mul_(mu).add_(delta)
+    state.phi.sub_(delta + mu * state.m, alpha=lr)
+
+
+def mixing_weight(cfg: DiLoCoConfig, own_version: int, own_tokens: int, partner: PartnerState) -> float:
+    """Weight `a` of a partner's state; 0 means skip it.
+
+    Token weighting: `a = 2 * mix_weight * t_j / (t_i + t_j)`, so equal tokens give `mix_weight`
+    and a partner with far more training (a joiner meeting the swarm) approaches 1. Staleness: a
+    partner `lag` versions behind is multiplied by `1 - staleness_decay * lag / max_staleness`
+    and skipped beyond `max_staleness`.
+    """
+    lag = own_version - partner.version
+    if lag > cfg.max_staleness:
+        return 0.0
+    a = cfg.mix_weight
+    if cfg.token_weighting:
+        total = own_tokens + partner.tokens
+        a = 2 * cfg.mix_weight * partner.tokens / total if total > 0 else cfg.mix_weight
+    if lag > 0 and cfg.max_staleness > 0:
+        a *= 1 - cfg.staleness_decay * lag / cfg.max_staleness
+    return float(min(1.0, max(0.0, a)))
+
+
+def mix(state: OuterState, partner: PartnerState, a: float, cfg: DiLoCoConfig) -> None:
+    """Mix a partner's state into ours in place with weight `a`.
+
+    The anchor always mixes; momentum mixes only in `momentum="mixed"` mode (else each island
+    keeps its own, as in NoLoCo); the stored pseudo-gradient mixes when `mix_pseudo_gradient`.
+    The version becomes the max of both; tokens become the weighted mean.
+    """
+    if a <= 0:
+        return
+    state.phi.lerp_(partner.phi, a)
+    if cfg.momentum == "mixed" and partner.m is not None:
+        state.m.lerp_(partner.m, a)
+    state.version = max(state.version, partner.version)
+    state.tokens = round((1 - a) * state.tokens + a * partner.tokens)
+
+
+def outer_update(state: OuterState, delta: torch.Tensor, partners: list[tuple[PartnerState, float]],
+                 cfg: DiLoCoConfig) -> None:
+    """End of a round for one island: mix partner anchors, then one Nesterov step.
+
+    The partners' states were published one round earlier than our `delta` was computed: they
+    are contemporaneous with our anchor *before* this round's step, so they are mixed into that
+    anchor first and our own step follows. That applies a partner's correction relative to the
+    state it was computed against, and never pulls our fresh step back toward an old state.
+    With `mix_pseudo_gradient`, the step uses our delta averaged with the partners' last deltas.
+    """
+    used = delta
+    for partner, a in partners:
+        mix(state, partner, a, cfg)
+        if cfg.mix_pseudo_gradient and partner.delta is not None and a > 0:
+            used = torch.lerp(used, partner.delta, a)
+    nesterov_step(state, used, cfg.outer_lr, cfg.outer_momentum)
+    state.delta = delta.clone()
+    state.version += 1

@@ -1,0 +1,61 @@
+"""Runs `p2p-diloco simulate` and reports: a progress bar on stderr, a table or one JSON object on stdout."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+
+from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
+from p2p_diloco.data import load_corpus
+from p2p_diloco.simulator import SimConfig, Simulation
+
+
+def run_simulation(opts: dict, model: ModelConfig, train: TrainConfig, diloco: DiLoCoConfig, data: str | None,
+                   as_json: bool) -> dict:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    sim = SimConfig(islands=opts["islands"], methods=tuple(opts["methods"]), tokens=opts["tokens"],
+                    time_budget=opts["time_budget"], speeds=opts["speeds"], drop_prob=opts["drop_prob"],
+                    latency_ms=opts["latency_ms"], bandwidth_mbps=opts["bandwidth_mbps"],
+                    compression=opts["compression"], mix_delay=opts["mix_delay"], seed=opts["seed"])
+    corpus = load_corpus(data)
+    err = Console(file=sys.stderr)
+    results, started = {}, time.monotonic()
+    with Progress(TextColumn("{task.description:>10}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
+                  TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=err,
+                  disable=not err.is_terminal) as progress:
+        tasks = {m: progress.add_task(m, total=1, loss="-") for m in sim.methods}
+
+        def report(method, done, total, loss):
+            if sim.time_budget is None:
+                progress.update(tasks[method], completed=min(done, total), total=total,
+                                loss=f"{loss:.3f}" if loss is not None else "-")
+
+        simulation = Simulation(sim, model, train, diloco, corpus, progress=report)
+        train = simulation.train_cfg  # with the schedule length fitted to the budget
+        for method in sim.methods:
+            results[method] = simulation.run(method).as_dict()
+            progress.update(tasks[method], completed=1, total=1)
+    out = {"methods": results,
+           "config": {"sim": _plain(sim), "model": {**_plain(model), **model.resolved()}, "train": _plain(train),
+                      "diloco": _plain(diloco), "data": corpus.source, "wall_seconds": round(time.monotonic() - started, 1)}}
+    if as_json:
+        print(json.dumps(out))
+        return out
+    table = Table(title=f"{sim.islands} islands, {corpus.source}, {'%.0f virtual s' % sim.time_budget if sim.time_budget else f'{sim.tokens:,} tokens'}")
+    for col in ("method", "eval loss", "worst", "consensus", "tokens", "bytes/island", "virtual s", "utilization"):
+        table.add_column(col, justify="right")
+    for name, r in results.items():
+        table.add_row(name, f"{r['eval_loss']:.4f}", f"{r['eval_loss_worst']:.4f}", f"{r['eval_loss_consensus']:.4f}",
+                      f"{r['tokens']:,}", f"{r['bytes_sent_per_island']:,}", f"{r['virtual_seconds']:.1f}",
+                      f"{r['utilization']:.3f}")
+    Console().print(table)
+    return out
+
+
+def _plain(cfg) -> dict:
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()}
