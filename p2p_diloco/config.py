@@ -159,3 +159,121 @@ def build(cls: type, section: str, values: dict[str, Any]) -> Any:
         return cls(**values)
     except TypeError as e:
         raise ConfigError(f"[{section}]: {e}") from e
+
+
+DISCOVERY_KINDS = ("auto", "dht", "zmq")
+_RUN_ID_RE = r"^[A-Za-z0-9_-]{1,64}$"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiscoveryConfig:
+    """How an island finds the swarm: run id, bootstrap addresses, back-end, record lifetimes."""
+
+    run_id: str = "default"
+    """Name of the training run; runs sharing one DHT or rendezvous never see each other's islands."""
+    bootstrap: tuple[str, ...] = ()
+    """Entry points: DHT multiaddrs (/ip4/H/tcp/P/p2p/ID) and/or rendezvous addresses (tcp://H:P)."""
+    discovery: str = "auto"
+    """`dht`, `zmq`, or `auto` (the DHT when a multiaddr is given and libp2p starts, else ZeroMQ)."""
+    expiry: float = 30.0
+    """Seconds a record stays visible without a refresh (how long a crashed island lingers)."""
+    refresh: float = 5.0
+    """Seconds between re-stores of the own record; must be below `expiry`."""
+    poll: float = 1.0
+    """Seconds between reads of the member list."""
+    host: str = "127.0.0.1"
+    """Address this island's discovery sockets listen on."""
+    port: int = 0
+    """Port of this island's DHT node (0: any free port)."""
+    announce_host: str | None = None
+    """Address others should use to reach this island (defaults to `host`; needed when host is 0.0.0.0)."""
+    connect_timeout: float = 10.0
+    """Seconds to wait for any bootstrap address to answer before giving up."""
+
+    def __post_init__(self) -> None:
+        import re
+
+        from p2p_diloco import addresses
+
+        s = "discovery"
+        _require(isinstance(self.run_id, str) and re.match(_RUN_ID_RE, self.run_id) is not None, s, "run_id",
+                 "1-64 characters of [A-Za-z0-9_-]", self.run_id)
+        if isinstance(self.bootstrap, (list, str)):
+            object.__setattr__(self, "bootstrap", tuple([self.bootstrap] if isinstance(self.bootstrap, str) else self.bootstrap))
+        for addr in self.bootstrap:
+            try:
+                addresses.parse(addr)
+            except ValueError as e:
+                raise ConfigError(f"discovery.bootstrap: {e}") from e
+        _require(self.discovery in DISCOVERY_KINDS, s, "discovery", f"one of {DISCOVERY_KINDS}", self.discovery)
+        _require(1.0 <= self.expiry <= 3600.0, s, "expiry", "in [1, 3600] seconds", self.expiry)
+        _require(0.05 <= self.refresh < self.expiry, s, "refresh", "at least 0.05 s and below expiry", self.refresh)
+        _require(0.05 <= self.poll <= self.expiry, s, "poll", "at least 0.05 s and at most expiry", self.poll)
+        _require(isinstance(self.host, str) and 0 < len(self.host) <= 253, s, "host", "a host name or address", self.host)
+        _require(isinstance(self.port, int) and 0 <= self.port <= 65535, s, "port", "in [0, 65535]", self.port)
+        _require(self.announce_host is None or (isinstance(self.announce_host, str) and 0 < len(self.announce_host) <= 253),
+                 s, "announce_host", "unset or a host name or address", self.announce_host)
+        _require(self.announce_host is not None or self.host not in ("0.0.0.0", "::"), s, "announce_host",
+                 "set when host is a wildcard address (others cannot dial 0.0.0.0)", self.announce_host)
+        _require(0 < self.connect_timeout <= 600, s, "connect_timeout", "in (0, 600] seconds", self.connect_timeout)
+
+    @property
+    def visible_host(self) -> str:
+        """The host others dial to reach this island."""
+        return self.announce_host or self.host
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetworkConfig:
+    """The state exchange over ZeroMQ: payload codec, chunking, upload cap, link emulation, secret."""
+
+    compression: str = "fp32"
+    """Codec of published state: fp32 (lossless), bf16, fp16, or int8 (per-block scales)."""
+    min_chunk_bytes: int = 64 * 1024
+    """Smallest chunk a fetcher asks for (the protocol allows 64 KiB to 8 MiB)."""
+    max_chunk_bytes: int = 8 * 1024 * 1024
+    """Largest chunk a fetcher asks for (at most 8 MiB)."""
+    initial_window_bytes: int = 8 * 1024 * 1024
+    """Bytes in flight on a link not measured yet; then the window follows 2 x bandwidth x RTT."""
+    max_window_bytes: int = 64 * 1024 * 1024
+    """Most bytes in flight per fetch: bounds a fetcher's memory beyond the state itself."""
+    max_upload_mbps: float | None = None
+    """Cap on all the snapshot server sends, in Mbit/s (None: no cap)."""
+    latency_ms: float = 0.0
+    """Link emulation: one-way delay added to every message this process sends."""
+    bandwidth_mbps: float | None = None
+    """Link emulation: rate of this process's outgoing link in Mbit/s (None: not emulated)."""
+    secret: str | None = dataclasses.field(default=None, repr=False)
+    """Swarm secret: CurveZMQ keys are derived from it; peers without it cannot connect."""
+    fetch_timeout_s: float = 30.0
+    """A fetch fails with TransportTimeout when the peer sends nothing for this long."""
+    max_state_bytes: int = 16 * 1024**3
+    """A manifest announcing more decoded fp32 state than this is refused before allocating."""
+    retain_snapshots: int = 2
+    """Snapshots a server keeps serving: the newest plus older ones that fetches may still be reading."""
+
+    def __post_init__(self) -> None:
+        from p2p_diloco.codecs import CODECS
+
+        s, lo, hi = "network", 64 * 1024, 8 * 1024 * 1024
+        _require(self.compression in CODECS, s, "compression", f"one of {CODECS}", self.compression)
+        _require(isinstance(self.min_chunk_bytes, int) and lo <= self.min_chunk_bytes <= hi, s, "min_chunk_bytes",
+                 f"in [{lo}, {hi}]", self.min_chunk_bytes)
+        _require(isinstance(self.max_chunk_bytes, int) and self.min_chunk_bytes <= self.max_chunk_bytes <= hi, s,
+                 "max_chunk_bytes", f"in [min_chunk_bytes, {hi}]", self.max_chunk_bytes)
+        _require(isinstance(self.initial_window_bytes, int) and self.initial_window_bytes >= self.min_chunk_bytes, s,
+                 "initial_window_bytes", ">= min_chunk_bytes", self.initial_window_bytes)
+        _require(isinstance(self.max_window_bytes, int) and self.max_window_bytes >= self.initial_window_bytes, s,
+                 "max_window_bytes", ">= initial_window_bytes", self.max_window_bytes)
+        _require(self.max_upload_mbps is None or self.max_upload_mbps > 0, s, "max_upload_mbps", "> 0 or unset",
+                 self.max_upload_mbps)
+        _require(0 <= self.latency_ms <= 10_000, s, "latency_ms", "in [0, 10000]", self.latency_ms)
+        _require(self.bandwidth_mbps is None or self.bandwidth_mbps > 0, s, "bandwidth_mbps", "> 0 or unset",
+                 self.bandwidth_mbps)
+        _require(self.secret is None or (isinstance(self.secret, str) and len(self.secret) > 0), s, "secret",
+                 "unset or a non-empty string", "<hidden>")
+        _require(0 < self.fetch_timeout_s <= 3600, s, "fetch_timeout_s", "in (0, 3600] seconds", self.fetch_timeout_s)
+        _require(isinstance(self.max_state_bytes, int) and self.max_state_bytes > 0, s, "max_state_bytes", "> 0",
+                 self.max_state_bytes)
+        _require(isinstance(self.retain_snapshots, int) and 1 <= self.retain_snapshots <= 8, s, "retain_snapshots",
+                 "in [1, 8]", self.retain_snapshots)

@@ -1,0 +1,126 @@
+"""The bootstrap node: a long-lived, well-known entry point to the swarm, never a coordinator.
+
+It runs two listeners, both optional to the islands:
+
+- a hivemind DHT node with a persistent libp2p identity (`--identity FILE`, created on first
+  start), so its multiaddr `/ip4/H/tcp/P/p2p/ID` stays the same across restarts;
+- the ZeroMQ rendezvous of the discovery fallback at `tcp://H:P+1` (or `--rendezvous-port`).
+
+It stores no training state and makes no decisions; islands keep meeting each other without it.
+It logs the DHT peers and rendezvous islands it sees come and go.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+from p2p_diloco import addresses
+from p2p_diloco.errors import DiscoveryError
+
+logger = logging.getLogger(__name__)
+
+WATCH_INTERVAL = 2.0
+"""Seconds between looks at the DHT routing table (for the join/leave log)."""
+
+
+class BootstrapNode:
+    """A DHT node with a fixed identity plus the ZeroMQ rendezvous; `start()`, `run_until(event)`, `shutdown()`."""
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, identity: str | Path, rendezvous_port: int | None = None,
+                 discovery: str = "auto", announce_host: str | None = None, start_timeout: float = 30.0) -> None:
+        if discovery not in ("auto", "dht", "zmq"):
+            raise DiscoveryError(f"discovery must be auto, dht or zmq, got {discovery!r}")
+        if not 0 <= port <= 65535 - addresses.RENDEZVOUS_PORT_OFFSET:
+            raise DiscoveryError(f"port must be in [0, {65535 - addresses.RENDEZVOUS_PORT_OFFSET}], got {port}")
+        self.identity = Path(identity)
+        if not self.identity.parent.is_dir():
+            raise DiscoveryError(f"the directory of the identity file {self.identity} does not exist")
+        self.host, self.port, self.discovery = host, port, discovery
+        self.rendezvous_port, self.announce_host, self.start_timeout = rendezvous_port, announce_host, start_timeout
+        self.dht = None
+        self.rendezvous = None
+        self.peer_id: str | None = None
+        self.multiaddrs: list[str] = []
+
+    @property
+    def addresses(self) -> list[str]:
+        """What islands pass to `--bootstrap`: the DHT multiaddr(s), then the rendezvous address."""
+        return [*self.multiaddrs, *([self._rendezvous_address()] if self.rendezvous else [])]
+
+    def _rendezvous_address(self) -> str:
+        host = self.announce_host or self.host
+        return f"tcp://{f'[{host}]' if ':' in host else host}:{self.rendezvous.port}"
+
+    def start(self) -> list[str]:
+        from p2p_diloco import discovery
+        from p2p_diloco.rendezvous import RendezvousServer
+
+        fresh = not self.identity.exists()
+        dht_port = self.port
+        if self.discovery in ("auto", "dht"):
+            try:
+                self.dht = discovery.start_dht(
+                    initial_peers=[], host=self.host, port=self.port, timeout=self.start_timeout,
+                    announce_host=self.announce_host, identity_path=str(self.identity),
+                    validators=[discovery.RSASignatureValidator()],  # signatures only: runs are not known here
+                )
+            except discovery.DaemonUnavailable as e:
+                if self.discovery == "dht":
+                    raise DiscoveryError(f"the libp2p daemon could not start: {e}") from e
+                logger.warning("the libp2p daemon could not start (%s); serving the ZeroMQ rendezvous only", e)
+            else:
+                self.peer_id = str(self.dht.peer_id)
+                self.multiaddrs = [str(m) for m in self.dht.get_visible_maddrs()]
+                dht_port = addresses.parse(self.multiaddrs[0]).port
+        if self.peer_id is None:
+            self.peer_id = discovery.peer_id_from_identity(str(self.identity))
+        if fresh and self.identity.exists():
+            os.chmod(self.identity, 0o600)  # it is a private key
+            logger.info("created the identity file %s", self.identity)
+        if self.discovery in ("auto", "zmq"):
+            explicit = self.rendezvous_port is not None
+            port = self.rendezvous_port if explicit else (dht_port + addresses.RENDEZVOUS_PORT_OFFSET if dht_port else 0)
+            try:
+                self.rendezvous = RendezvousServer(self.host, port, self.peer_id)
+            except DiscoveryError:
+                if explicit or port == 0:
+                    self.shutdown()
+                    raise
+                logger.warning("port %d (DHT port + %d) is taken; the rendezvous takes a random port, so pass its "
+                               "tcp:// address to islands explicitly", port, addresses.RENDEZVOUS_PORT_OFFSET)
+                self.rendezvous = RendezvousServer(self.host, 0, self.peer_id)
+            self.rendezvous.start()
+        logger.info("bootstrap node %s ready: %s", self.peer_id, " ".join(self.addresses))
+        return self.addresses
+
+    def run_until(self, stop: threading.Event) -> None:
+        """Log peers coming and going until `stop` is set."""
+        from p2p_diloco import discovery
+
+        known: set[str] = set()
+        while not stop.wait(WATCH_INTERVAL):
+            if self.dht is None:
+                continue
+            try:
+                now = set(discovery.routing_peers(self.dht))
+            except Exception as e:  # the DHT process died: say so once and keep the rendezvous up
+                logger.error("the DHT node stopped answering (%s: %s); the rendezvous keeps serving", type(e).__name__, e)
+                self.dht = None
+                continue
+            for pid in sorted(now - known):
+                logger.info("DHT peer %s joined (%d known)", pid, len(now))
+            for pid in sorted(known - now):
+                logger.info("DHT peer %s is gone (%d known)", pid, len(now))
+            known = now
+
+    def shutdown(self) -> None:
+        if self.rendezvous is not None:
+            self.rendezvous.close()
+            self.rendezvous = None
+        if self.dht is not None:
+            self.dht.shutdown()
+            self.dht = None
+        logger.info("bootstrap node stopped")

@@ -1,0 +1,333 @@
+"""Membership over the hivemind DHT: signed, schema-checked island records under one key per run.
+
+This is the only module of `p2p_diloco` that imports hivemind. It follows hivemind's
+`ProgressTracker`: every island stores its `IslandRecord` under `"{run_id}.islands"` with its RSA
+owner key as subkey and an expiration `expiry` seconds ahead, re-stores it every `refresh` seconds
+from a background thread, and stores `None` on a clean leave. Two validators guard the key on
+every node that knows the run:
+
+- `RSASignatureValidator`: a subkey that carries an owner key can only be written with that key's
+  signature, so no peer can overwrite another's record;
+- `SchemaValidator` with a strict pydantic (v1) model of the record, bounded like `IslandRecord`,
+  that also checks that the record's `peer_id` is the fingerprint of the subkey it sits under.
+
+A bootstrap node does not know which runs will use it, so it checks signatures only; readers
+re-validate whatever they fetch, and drop a node's copy that holds anything malformed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Dict, Literal, Optional
+
+import hivemind
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
+from hivemind.p2p import P2P, PeerID
+from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
+from hivemind.utils import get_dht_time
+from hivemind.utils.crypto import RSAPrivateKey
+from hivemind.utils.logging import use_hivemind_log_handler
+from hivemind.utils.multiaddr import Multiaddr
+from pydantic import v1 as pydantic
+
+from p2p_diloco import addresses
+from p2p_diloco.config import DiscoveryConfig
+from p2p_diloco.errors import DiscoveryError
+from p2p_diloco.membership import (
+    ENDPOINT_RE, MAX_ENDPOINT_LEN, MAX_INT, PEER_ID_RE, STATES, IslandRecord, Membership, fingerprint,
+)
+
+logger = logging.getLogger(__name__)
+use_hivemind_log_handler("nowhere")  # hivemind logs go to the root logger, so -v governs them too
+
+MIN_STORE_GAP = 0.5
+"""Seconds between two stores caused by `announce` (a burst of announces is coalesced)."""
+_UNREACHABLE_MARKERS = ("failed to connect to bootstrap peers", "none of the initial_peers responded")
+
+
+class DaemonUnavailable(Exception):
+    """The libp2p daemon could not start on this machine (not: the bootstrap did not answer)."""
+
+
+def islands_key(run_id: str) -> str:
+    """The DHT key that holds one run's island records."""
+    return f"{run_id}.islands"
+
+
+_Count = pydantic.conint(strict=True, ge=0, le=MAX_INT)
+_Rate = pydantic.confloat(strict=True, ge=0.0, allow_inf_nan=False)
+_PeerId = pydantic.constr(strict=True, regex=PEER_ID_RE.pattern)
+
+
+class IslandRecordSchema(pydantic.BaseModel):
+    """`IslandRecord` as a strict pydantic model: every field present, no conversions, no extras."""
+
+    peer_id: _PeerId
+    endpoint: pydantic.constr(strict=True, max_length=MAX_ENDPOINT_LEN, regex=ENDPOINT_RE.pattern)
+    version: _Count
+    tokens: _Count
+    tokens_per_s: _Rate
+    loss: Optional[pydantic.confloat(strict=True, allow_inf_nan=False)] = ...
+    eval_loss: Optional[pydantic.confloat(strict=True, allow_inf_nan=False)] = ...
+    state: Literal[STATES]  # type: ignore[valid-type]
+    upload_bps: _Rate
+    download_bps: _Rate
+    bytes_sent: _Count
+    bytes_received: _Count
+    last_partner: Optional[_PeerId] = ...
+    started_at: _Rate
+    timestamp: _Rate
+
+    class Config:
+        extra = pydantic.Extra.forbid
+
+
+def _owner_matches_peer_id(cls: Any, value: dict) -> dict:
+    for subkey, record in (value or {}).items():
+        if record is not None and record.peer_id != fingerprint(subkey):
+            raise ValueError(f"record peer_id {record.peer_id!r} is not the fingerprint of its subkey")
+    return value
+
+
+def make_schema(run_id: str) -> type[pydantic.BaseModel]:
+    """The pydantic model of one run's key: {owner subkey: IslandRecordSchema or None}."""
+    field = islands_key(run_id)
+    return pydantic.create_model(
+        f"Islands_{run_id}",
+        __validators__={"owner": pydantic.validator(field, allow_reuse=True)(_owner_matches_peer_id)},
+        **{field: (Dict[BytesWithPublicKey, Optional[IslandRecordSchema]], None)},
+    )
+
+
+def make_validators(run_id: str, private_key: RSAPrivateKey | None = None) -> list:
+    """Schema check for the run's key plus RSA signatures (with `private_key` for own records)."""
+    return [SchemaValidator(make_schema(run_id), allow_extra_keys=True), RSASignatureValidator(private_key)]
+
+
+def _host_maddr(host: str, port: int) -> str:
+    return f"/{'ip6' if ':' in host else 'ip4'}/{host}/tcp/{port}"
+
+
+def start_dht(*, initial_peers: list[str], host: str, port: int, timeout: float, announce_host: str | None = None,
+              validators: list | None = None, client_mode: bool = False, identity_path: str | None = None) -> hivemind.DHT:
+    """Start a hivemind DHT process; `DiscoveryError` if no initial peer answers, `DaemonUnavailable` if libp2p fails."""
+    kwargs: dict[str, Any] = dict(host_maddrs=[_host_maddr(host, port)], client_mode=client_mode, identity_path=identity_path)
+    if announce_host:
+        kwargs["announce_maddrs"] = [_host_maddr(announce_host, port)] if port else None
+    dht = hivemind.DHT(initial_peers=initial_peers or None, start=False, record_validators=validators or (), **kwargs)
+    try:
+        dht.run_in_background(await_ready=True, timeout=timeout)
+    except FutureTimeout as e:
+        dht.shutdown()
+        raise DiscoveryError(f"no bootstrap node answered within {timeout:g} s (tried {', '.join(initial_peers)})") from e
+    except (P2PDaemonError, RuntimeError, OSError) as e:
+        dht.shutdown()
+        if any(marker in str(e) for marker in _UNREACHABLE_MARKERS):
+            raise DiscoveryError(f"none of the bootstrap nodes answered (tried {', '.join(initial_peers)}): {e}") from e
+        raise DaemonUnavailable(f"{type(e).__name__}: {str(e).strip()[:300]}") from e
+    return dht
+
+
+async def _reconnect(_dht: hivemind.DHT, node: Any, maddrs: list[str]) -> int:
+    """Ping bootstrap peers that fell out of the routing table (a restarted bootstrap node is found again)."""
+    found = 0
+    for maddr in maddrs:
+        peer_id = PeerID.from_base58(Multiaddr(maddr)["p2p"])
+        if node.protocol.routing_table.get(peer_id=peer_id) is not None:
+            continue
+        try:
+            await node.p2p._client.connect(peer_id, [Multiaddr(maddr)])
+        except Exception as e:  # the node is still down: try again at the next refresh
+            logger.debug("bootstrap %s still unreachable: %s", maddr, e)
+            continue
+        found += await node.protocol.call_ping(peer_id) is not None
+    return found
+
+
+async def _routing_peers(_dht: hivemind.DHT, node: Any) -> list[str]:
+    return sorted(str(p) for p in node.protocol.routing_table.uid_to_peer_id.values())
+
+
+def routing_peers(dht: hivemind.DHT) -> list[str]:
+    """Peer ids in a DHT node's routing table (the bootstrap node logs joins from this)."""
+    return dht.run_coroutine(_routing_peers)
+
+
+def peer_id_from_identity(identity_path: str) -> str:
+    """The libp2p peer id of an identity file, created if missing (works without the daemon)."""
+    import os
+
+    if not os.path.isfile(identity_path):
+        P2P.generate_identity(identity_path)
+    with open(identity_path, "rb") as f:
+        return str(PeerID.from_identity(f.read()))
+
+
+class DhtMembership(Membership):
+    """The membership of one run kept in a hivemind DHT (see the module docstring)."""
+
+    kind = "dht"
+
+    def __init__(self, config: DiscoveryConfig, *, observer: bool = False) -> None:
+        self.config, self.observer = config, observer
+        self._key = islands_key(config.run_id)
+        private_key = RSAPrivateKey()
+        validators = make_validators(config.run_id, private_key)
+        self._subkey = validators[1].local_public_key
+        self._peer_id = fingerprint(self._subkey)
+        self._maddrs = addresses.dht_multiaddrs(config.bootstrap)
+        if observer and not self._maddrs:
+            raise DiscoveryError("watching a run needs at least one bootstrap multiaddr")
+        self.dht = start_dht(initial_peers=self._maddrs, host=config.host, port=config.port, timeout=config.connect_timeout,
+                             announce_host=config.announce_host, validators=validators, client_mode=observer)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._record: IslandRecord | None = None
+        self._dirty = self._left = self._leave_requested = False
+        self._left_event = threading.Event()
+        self._view: dict[str, tuple[IslandRecord, float]] = {}
+        self._polls = 0
+        self._poll_done = threading.Condition(self._lock)
+        self._thread = threading.Thread(target=self._run, name=f"dht-membership-{self._peer_id[:8]}", daemon=True)
+        self._thread.start()
+        logger.info("joined run %r over the DHT as %s (observer=%s)", config.run_id, self._peer_id, observer)
+
+    @property
+    def peer_id(self) -> str:
+        return self._peer_id
+
+    def visible_maddrs(self) -> list[str]:
+        """This island's own DHT multiaddrs (another island may bootstrap from them)."""
+        return [str(m) for m in self.dht.get_visible_maddrs()]
+
+    def announce(self, record: IslandRecord) -> None:
+        self._check_own(record)
+        if self.observer:
+            raise DiscoveryError("an observer cannot announce a record")
+        with self._lock:
+            if self._left:
+                raise DiscoveryError("announce() after leave()")
+            self._record, self._dirty = record, True
+        self._wake.set()
+
+    def members(self) -> dict[str, IslandRecord]:
+        now = get_dht_time()
+        with self._lock:
+            out = {pid: rec for pid, (rec, exp) in self._view.items() if exp > now and pid != self._peer_id}
+            if self._record is not None and not self._left:
+                out[self._peer_id] = self._record
+        return out
+
+    def refresh(self, timeout: float = 10.0) -> dict[str, IslandRecord]:
+        """Read the member list from the DHT now (waits at most `timeout`) and return `members()`."""
+        with self._lock:
+            target = self._polls + 1
+        self._wake.set()
+        with self._poll_done:
+            self._poll_done.wait_for(lambda: self._polls >= target or self._stop.is_set(), timeout)
+        return self.members()
+
+    def leave(self) -> None:
+        with self._lock:
+            if self._left or self._record is None or not self._thread.is_alive():
+                self._left = True
+                return
+            self._leave_requested = True
+        self._wake.set()
+        if not self._left_event.wait(timeout=5.0):
+            logger.warning("leave: the tombstone was not confirmed within 5 s")
+
+    def shutdown(self) -> None:
+        if self._stop.is_set():
+            return
+        self.leave()
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=10.0)
+        if self._thread.is_alive():
+            logger.warning("the DHT membership thread did not stop within 10 s; shutting the DHT down under it")
+        self.dht.shutdown()
+
+    # -- background thread -------------------------------------------------------------------
+
+    def _call(self, future: Any, what: str) -> Any:
+        try:
+            return future.result(timeout=max(10.0, self.config.poll * 3))
+        except Exception as e:  # a failed DHT call costs this round only
+            logger.info("DHT %s failed: %s: %s", what, type(e).__name__, e)
+            return None
+
+    def _store(self, value: dict | None) -> bool:
+        exp = get_dht_time() + self.config.expiry
+        fut = self.dht.store(self._key, value, exp, subkey=self._subkey, return_future=True)
+        return bool(self._call(fut, "store"))
+
+    def _poll(self) -> None:
+        found = self._call(self.dht.get(self._key, latest=True, return_future=True), "get")
+        view: dict[str, tuple[IslandRecord, float]] = {}
+        if found is not None and isinstance(found.value, dict):
+            for subkey, item in found.value.items():
+                if item.value is None:
+                    continue  # a clean leave
+                try:
+                    record = IslandRecord.from_dict(item.value)
+                except (DiscoveryError, TypeError) as e:
+                    logger.info("ignoring a malformed island record: %s", e)
+                    continue
+                if not isinstance(subkey, bytes) or record.peer_id != fingerprint(subkey):
+                    logger.info("ignoring a record whose peer_id does not match its owner key")
+                    continue
+                view[record.peer_id] = (record, item.expiration_time)
+        with self._lock:
+            joined = sorted(set(view) - set(self._view) - {self._peer_id})
+            gone = sorted(set(self._view) - set(view) - {self._peer_id})
+            self._view = view
+            self._polls += 1
+            self._poll_done.notify_all()
+        for pid in joined:
+            logger.info("island %s joined run %r at %s", pid, self.config.run_id, view[pid][0].endpoint)
+        for pid in gone:
+            logger.info("island %s left run %r (tombstone or expiry)", pid, self.config.run_id)
+
+    def _run(self) -> None:
+        cfg = self.config
+        last_store = last_poll = last_reconnect = float("-inf")
+        while not self._stop.is_set():
+            now = time.monotonic()
+            with self._lock:
+                record, dirty, leave = self._record, self._dirty, self._leave_requested
+            if leave:
+                ok = self._store(None)
+                with self._lock:
+                    self._left, self._leave_requested = True, False
+                self._left_event.set()
+                logger.info("left run %r (tombstone stored: %s)", cfg.run_id, ok)
+            elif record is not None and not self._left and (
+                    (dirty and now - last_store >= MIN_STORE_GAP) or now - last_store >= cfg.refresh):
+                with self._lock:
+                    self._dirty = False
+                if not self._store(record.to_dict()):
+                    logger.info("storing the own record reached no DHT node; retrying at the next refresh")
+                last_store = now
+            if self._maddrs and now - last_reconnect >= cfg.refresh:
+                self._call(self.dht.run_coroutine(_reconnect_with(self._maddrs), return_future=True), "reconnect")
+                last_reconnect = now
+            if self._wake.is_set() or now - last_poll >= cfg.poll:
+                self._wake.clear()
+                self._poll()
+                last_poll = time.monotonic()
+            due = min(last_poll + cfg.poll, last_store + cfg.refresh if self._record is not None else float("inf"))
+            if self._dirty or self._leave_requested:
+                due = min(due, last_store + MIN_STORE_GAP)
+            self._wake.wait(timeout=max(0.01, due - time.monotonic()))
+
+
+def _reconnect_with(maddrs: list[str]) -> Any:
+    from functools import partial
+
+    return partial(_reconnect, maddrs=list(maddrs))
