@@ -13,6 +13,7 @@ import sys
 import click
 
 from p2p_diloco import __version__
+from p2p_diloco.cli_options import DISCOVERY_CHOICES, discovery_config, discovery_options
 
 
 def _setup_logging(verbose: int) -> None:
@@ -152,3 +153,80 @@ def simulate(**kw) -> None:
         as_json, data = kw.pop("as_json"), kw.pop("data")
         model, train, diloco = build_configs(kw)
         run_simulation(kw, model, train, diloco, data, as_json)
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=0, show_default=True, help="DHT port (0: any free one); the rendezvous takes PORT+1.")
+@click.option("--identity", type=click.Path(dir_okay=False), required=True,
+              help="Private key file, created on first start; the same file keeps the same peer id.")
+@click.option("--addr-file", type=click.Path(dir_okay=False), default=None, help="Also write the addresses here, one per line.")
+@click.option("--rendezvous-port", type=int, default=None, help="Port of the ZeroMQ rendezvous (default: DHT port + 1).")
+@click.option("--announce-host", default=None, help="Address islands should dial (needed with --host 0.0.0.0).")
+@click.option("--discovery", type=click.Choice(DISCOVERY_CHOICES), default="auto", show_default=True,
+              help="auto: DHT node and rendezvous (rendezvous only if libp2p fails); dht: DHT only; zmq: rendezvous only.")
+def bootstrap(host, port, identity, addr_file, rendezvous_port, announce_host, discovery):
+    """Host a bootstrap node and print the addresses islands pass to --bootstrap."""
+    import os
+    import signal
+    import threading
+
+    from bootstrap import BootstrapNode
+    from p2p_diloco.errors import P2PDiLoCoError
+
+    if logging.getLogger().level > logging.INFO:
+        logging.getLogger().setLevel(logging.INFO)  # the join/leave log is what a bootstrap node is watched for
+    try:
+        node = BootstrapNode(host=host, port=port, identity=identity, rendezvous_port=rendezvous_port,
+                             discovery=discovery, announce_host=announce_host)
+        addrs = node.start()
+    except P2PDiLoCoError as e:
+        raise click.ClickException(str(e)) from e
+    stop, received = threading.Event(), []
+
+    def on_signal(signum, _frame):  # installed after start(): the forked DHT process keeps default handlers
+        received.append(signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        for addr in addrs:
+            click.echo(addr)
+        if addr_file:
+            tmp = f"{addr_file}.tmp"
+            with open(tmp, "w") as f:
+                f.write("\n".join(addrs) + "\n")
+            os.replace(tmp, addr_file)
+        node.run_until(stop)
+    finally:
+        node.shutdown()
+    if received and received[0] == signal.SIGINT:
+        sys.exit(130)
+
+
+@main.command()
+@discovery_options(required=True)
+@click.option("--json", "as_json", is_flag=True, help="Print {run_id, islands, discovery} as JSON.")
+@click.option("--timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for a bootstrap node.")
+def status(bootstrap, run_id, discovery, as_json, timeout):
+    """Show the live islands of a run."""
+    import json
+    import time
+
+    from p2p_diloco.errors import P2PDiLoCoError
+    from p2p_diloco.membership import format_islands, open_membership
+
+    config = discovery_config(bootstrap, run_id, discovery, connect_timeout=timeout)
+    try:
+        with open_membership(config, observer=True) as membership:
+            records, kind = membership.refresh(timeout), membership.kind
+    except P2PDiLoCoError as e:
+        raise click.ClickException(str(e)) from e
+    if as_json:
+        islands = [r.to_dict() for r in sorted(records.values(), key=lambda r: r.peer_id)]
+        click.echo(json.dumps({"run_id": run_id, "islands": islands, "discovery": kind}))
+    else:
+        click.echo(f"run {run_id!r}: {len(records)} live island(s) via {kind}")
+        if records:
+            click.echo(format_islands(records, time.time()))
