@@ -1,0 +1,227 @@
+"""Drives a real swarm for the discovery tests: a bootstrap process and member processes.
+
+`Member` reads a `discovery_member.py` process's JSON lines on a thread and keeps its events, so a
+test can wait for a view and measure, from the members' own timestamps, how long it took.
+`Bootstrap` runs `p2p-diloco bootstrap` and reads the addresses it writes to `--addr-file`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MEMBER = str(HERE / "discovery_member.py")
+
+
+def wait_until(cond, timeout: float, what: str, step: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+class Member:
+    def __init__(self, procs, tmp: Path, index: int, bootstrap: list[str], discovery: str, run_id: str,
+                 expiry: float, refresh: float, poll: float, endpoint_port: int) -> None:
+        args = [MEMBER, "--run-id", run_id, "--discovery", discovery, "--expiry", str(expiry), "--refresh", str(refresh),
+                "--poll", str(poll), "--endpoint-port", str(endpoint_port), "--bump", "0.5"]
+        for b in bootstrap:
+            args += ["--bootstrap", b]
+        self.log = tmp / f"member{index}.log"
+        self.proc = procs.python(*args, stdout=subprocess.PIPE, stderr=open(self.log, "w"), text=True)
+        self.index = index
+        self.events: list[dict] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            with self._lock:
+                self.events.append(event)
+
+    def first(self, event: str, pred=lambda e: True) -> dict | None:
+        with self._lock:
+            return next((e for e in self.events if e["event"] == event and pred(e)), None)
+
+    def last_view(self) -> set[str] | None:
+        with self._lock:
+            views = [e for e in self.events if e["event"] == "view"]
+        return set(views[-1]["peers"]) if views else None
+
+    def view_since(self, t0: float, pred) -> dict | None:
+        """The first view at or after unix time t0 that satisfies pred(set of peers)."""
+        return self.first("view", lambda e: e["t"] >= t0 and pred(set(e["peers"])))
+
+    @property
+    def peer_id(self) -> str:
+        ready = self.first("ready")
+        assert ready is not None, f"member {self.index} is not ready; log:\n{self.log.read_text()[-3000:]}"
+        return ready["peer_id"]
+
+    def signal(self, sig: int, group: bool = False) -> float:
+        t = time.time()
+        (os.killpg if group else os.kill)(self.proc.pid, sig)
+        return t
+
+
+class Bootstrap:
+    def __init__(self, procs, tmp: Path, port: int, discovery: str) -> None:
+        self.procs, self.tmp, self.port, self.discovery = procs, tmp, port, discovery
+        self.identity = tmp / "bootstrap.key"
+        self.runs = 0
+        self.proc = None
+
+    def start(self, timeout: float = 30.0) -> list[str]:
+        self.runs += 1
+        addr_file = self.tmp / f"addrs{self.runs}.txt"
+        self.log = self.tmp / f"bootstrap{self.runs}.log"
+        self.proc = self.procs.python(
+            "-m", "p2p_diloco", "bootstrap", "--host", "127.0.0.1", "--port", str(self.port), "--identity", str(self.identity),
+            "--addr-file", str(addr_file), "--discovery", self.discovery,
+            stdout=subprocess.DEVNULL, stderr=open(self.log, "w"))
+        wait_until(lambda: addr_file.exists() or self.proc.poll() is not None, timeout, "the bootstrap's addresses")
+        assert self.proc.poll() is None, f"bootstrap died:\n{self.log.read_text()[-3000:]}"
+        self.addresses = addr_file.read_text().split()
+        return self.addresses
+
+    @property
+    def multiaddr(self) -> str:
+        return next(a for a in self.addresses if a.startswith("/"))
+
+    @property
+    def rendezvous(self) -> str:
+        return next(a for a in self.addresses if a.startswith("tcp://"))
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        os.kill(self.proc.pid, sig)
+        return self.proc.wait(timeout)
+
+
+def status(bootstrap: list[str], run_id: str, discovery: str, timeout: float = 10.0, as_json: bool = True):
+    args = [sys.executable, "-m", "p2p_diloco", "status", "--run-id", run_id, "--discovery", discovery, "--timeout", str(timeout)]
+    for b in bootstrap:
+        args += ["--bootstrap", b]
+    if as_json:
+        args.append("--json")
+    t0 = time.monotonic()
+    out = subprocess.run(args, capture_output=True, text=True, timeout=timeout + 30)
+    return out, time.monotonic() - t0
+
+
+def free_port_pair() -> int:
+    """A port P with P+1 free as well (the bootstrap's DHT port and its rendezvous port)."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            try:
+                b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free pair of ports")
+
+
+def departure_times(members: list[Member], peer_id: str, t0: float, timeout: float) -> list[float]:
+    """Seconds from t0 until each member's view lost `peer_id` (waits up to `timeout`)."""
+    wait_until(lambda: all(m.view_since(t0, lambda v: peer_id not in v) for m in members), timeout,
+               f"every member to drop {peer_id}")
+    return [m.view_since(t0, lambda v: peer_id not in v)["t"] - t0 for m in members]
+
+
+def run_swarm(procs, tmp: Path, kind: str, *, n: int = 8, expiry: float = 6.0, refresh: float = 1.0,
+              poll: float = 0.5, run_id: str = "swarm") -> dict:
+    """The scenario both back-ends must pass; returns the measured figures (seconds).
+
+    bootstrap + n members meet -> status --json -> one member exits cleanly -> one is SIGKILLed ->
+    the bootstrap is SIGKILLed for longer than the expiry -> it restarts with the same identity and
+    port -> status through it lists the survivors again.
+    """
+    boot = Bootstrap(procs, tmp, free_port_pair(), "auto" if kind == "dht" else "zmq")
+    boot.start()
+    entry = [boot.multiaddr if kind == "dht" else boot.rendezvous]
+    first_node = node_id(boot, kind)
+    members = [Member(procs, tmp, i, entry, kind, run_id, expiry, refresh, poll, 20000 + i) for i in range(n)]
+    wait_until(lambda: all(m.first("ready") or m.proc.poll() is not None for m in members), 120, "members to start")
+    for m in members:
+        assert m.first("ready"), f"member {m.index} died:\n{m.log.read_text()[-3000:]}"
+        assert m.first("ready")["kind"] == kind
+    ids = {m.peer_id for m in members}
+    last_ready = max(m.first("ready")["t"] for m in members)
+    wait_until(lambda: all(m.view_since(0, lambda v: v == ids) for m in members), 30, "every member to see all")
+    figures = {"join_all_s": max(m.view_since(0, lambda v: v == ids)["t"] for m in members) - last_ready}
+
+    out, figures["status_s"] = status(entry, run_id, kind)
+    assert out.returncode == 0, out.stderr
+    snap = json.loads(out.stdout)
+    assert snap["run_id"] == run_id and snap["discovery"] == kind
+    assert {r["peer_id"] for r in snap["islands"]} == ids
+    assert {r["endpoint"] for r in snap["islands"]} == {f"tcp://127.0.0.1:{20000 + i}" for i in range(n)}
+    assert all(r["state"] == "training" and r["version"] >= 1 and r["tokens"] == 4096 * r["version"] for r in snap["islands"])
+
+    leaver, victim, rest = members[0], members[1], members[2:]
+    t0 = leaver.signal(signal.SIGTERM)
+    figures["clean_exit_s"] = max(departure_times([victim, *rest], leaver.peer_id, t0, 10))
+    assert leaver.proc.wait(10) == 0 and leaver.first("left")
+
+    t0 = victim.signal(signal.SIGKILL, group=True)
+    figures["sigkill_s"] = max(departure_times(rest, victim.peer_id, t0, expiry + 10))
+
+    survivors = {m.peer_id for m in rest}
+    os.killpg(boot.proc.pid, signal.SIGKILL)
+    boot.proc.wait(10)
+    t_down = time.time()
+    time.sleep(expiry + 2)
+    for m in rest:  # nobody lost sight of a survivor while the bootstrap was gone
+        assert not m.view_since(t_down, lambda v: not survivors <= v), f"member {m.index} lost peers"
+        assert m.last_view() == survivors
+    figures["bootstrap_down_s"] = time.time() - t_down
+
+    boot.start()
+    assert node_id(boot, kind) == first_node
+    t0 = time.monotonic()
+    while True:
+        out, _ = status(entry, run_id, kind)
+        if out.returncode == 0 and {r["peer_id"] for r in json.loads(out.stdout)["islands"]} == survivors:
+            break
+        assert time.monotonic() - t0 < 30, f"status after the restart: {out.stdout} {out.stderr}"
+        time.sleep(0.5)
+    figures["refind_s"] = time.monotonic() - t0
+    figures["bootstrap_peer_id"] = first_node
+    return figures
+
+
+def node_id(boot: Bootstrap, kind: str) -> str:
+    """The bootstrap's peer id: from its multiaddr (DHT) or from a rendezvous reply (ZeroMQ)."""
+    if kind == "dht":
+        return boot.multiaddr.rsplit("/p2p/", 1)[1]
+    import msgpack
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(boot.rendezvous)
+    try:
+        sock.send(msgpack.packb({"v": 1, "type": "sync", "run": "probe", "entries": []}))
+        assert sock.poll(5000), "the rendezvous did not answer"
+        return msgpack.unpackb(sock.recv())["node"]
+    finally:
+        sock.close()
+        ctx.term()

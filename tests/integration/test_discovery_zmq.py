@@ -1,0 +1,15 @@
+"""The ZeroMQ discovery fallback with real processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import pytest
+from discovery_harness import run_swarm
+
+
+@pytest.mark.timeout(180)
+def test_swarm_of_eight_over_zmq(procs, tmp_path):
+    figures = run_swarm(procs, tmp_path, "zmq")
+    print("zmq figures:", figures)
+    assert figures["join_all_s"] <= 10.0
+    assert figures["clean_exit_s"] <= 2.0
+    assert figures["sigkill_s"] <= 6.0 + 0.5
