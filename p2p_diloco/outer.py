@@ -78,6 +78,11 @@ def mixing_weight(cfg: DiLoCoConfig, own_version: int, own_tokens: int, partner:
     return float(min(1.0, max(0.0, a)))
 
 
+def _blend_(x: torch.Tensor, y: torch.Tensor, a: float) -> torch.Tensor:
+    """`x <- (1-a) x + a y` in place; written so that a=1/2 is exactly symmetric in x and y."""
+    return x.mul_(1 - a).add_(y, alpha=a)
+
+
 def mix(state: OuterState, partner: PartnerState, a: float, cfg: DiLoCoConfig) -> None:
     """Mix a partner's state into ours in place with weight `a`.
 
@@ -87,9 +92,9 @@ def mix(state: OuterState, partner: PartnerState, a: float, cfg: DiLoCoConfig) -
     """
     if a <= 0:
         return
-    state.phi.lerp_(partner.phi, a)
+    _blend_(state.phi, partner.phi, a)
     if cfg.momentum == "mixed" and partner.m is not None:
-        state.m.lerp_(partner.m, a)
+        _blend_(state.m, partner.m, a)
     state.version = max(state.version, partner.version)
     state.tokens = round((1 - a) * state.tokens + a * partner.tokens)
 
@@ -108,7 +113,7 @@ def outer_update(state: OuterState, delta: torch.Tensor, partners: list[tuple[Pa
     for partner, a in partners:
         mix(state, partner, a, cfg)
         if cfg.mix_pseudo_gradient and partner.delta is not None and a > 0:
-            used = torch.lerp(used, partner.delta, a)
+            used = _blend_(used.clone(), partner.delta, a)
     nesterov_step(state, used, cfg.outer_lr, cfg.outer_momentum)
     state.delta = delta.clone()
     state.version += 1

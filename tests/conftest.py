@@ -17,6 +17,16 @@ from pathlib import Path
 
 import pytest
 
+# One torch thread per process: the suite runs on 2 cores next to the child processes it starts,
+# and oversubscribed OpenMP threads make tiny models tens of times slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+try:
+    import torch
+
+    torch.set_num_threads(1)
+except ImportError:  # the dashboard's tests do not need torch
+    pass
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 

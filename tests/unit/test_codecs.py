@@ -1,0 +1,50 @@
+import pytest
+import torch
+
+from p2p_diloco import codecs
+from p2p_diloco.errors import CodecError
+
+
+@pytest.mark.parametrize("codec,tol", [("fp32", 0.0), ("bf16", 2**-8), ("fp16", 2**-11), ("int8", 1 / 127)])
+def test_roundtrip_error_is_bounded(codec, tol):
+    x = torch.randn(10_001, generator=torch.Generator().manual_seed(0))
+    y = codecs.decode(codecs.encode(x, codec), x.numel(), codec)
+    assert y.dtype == torch.float32 and y.shape == x.shape
+    if codec == "int8":  # error bounded by half a quantisation step of each block's scale
+        blocks = torch.nn.functional.pad(x, (0, (-x.numel()) % codecs.INT8_BLOCK)).view(-1, codecs.INT8_BLOCK)
+        step = (blocks.abs().amax(1) / 127).repeat_interleave(codecs.INT8_BLOCK)[: x.numel()]
+        assert ((x - y).abs() <= step / 2 + 1e-7).all()
+    else:
+        assert ((x - y).abs() <= tol * x.abs() + 1e-12).all()
+
+
+@pytest.mark.parametrize("codec", codecs.CODECS)
+def test_sizes_match_encoded_nbytes(codec):
+    for n in (0, 1, 255, 256, 257, 4096):
+        assert codecs.encode(torch.randn(n), codec).numel() == codecs.encoded_nbytes(n, codec)
+
+
+def test_int8_is_about_a_quarter_of_fp32():
+    n = 1_000_000
+    assert codecs.encoded_nbytes(n, "int8") / codecs.encoded_nbytes(n, "fp32") < 0.26
+
+
+def test_zero_block_decodes_to_zero():
+    x = torch.zeros(300)
+    assert torch.equal(codecs.roundtrip(x, "int8"), x)
+
+
+def test_wrong_size_and_unknown_codec_are_clear_errors():
+    buf = codecs.encode(torch.randn(100), "bf16")
+    with pytest.raises(CodecError, match="must be 200 bytes"):
+        codecs.decode(buf[:-2], 100, "bf16")
+    with pytest.raises(CodecError, match="unknown codec 'zstd'"):
+        codecs.encode(torch.randn(3), "zstd")
+    with pytest.raises(CodecError, match="flat float32"):
+        codecs.encode(torch.randn(3, 3), "fp32")
+
+
+def test_decode_accepts_bytes():
+    x = torch.randn(513)
+    raw = bytes(codecs.encode(x, "int8").numpy().tobytes())
+    assert torch.allclose(codecs.decode(raw, 513, "int8"), codecs.roundtrip(x, "int8"))

@@ -1,0 +1,88 @@
+"""The simulator on a very small model: reproducibility, symmetry, budgets and the CLI's JSON."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from p2p_diloco.cli import main
+from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
+from p2p_diloco.data import load_corpus
+from p2p_diloco.simulator import SimConfig, Simulation
+from p2p_diloco.errors import ConfigError
+
+SMALL = ModelConfig(n_layer=1, n_embd=32, n_head=2, block_size=32)
+TRAIN = TrainConfig(batch_size=4, warmup_steps=2)
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return load_corpus(max_bytes=3_000_000)
+
+
+def run(corpus, method, diloco=None, **sim):
+    sim = SimConfig(**{"tokens": 4 * 4 * 32 * 20, "eval_batches": 2, **sim})
+    return Simulation(sim, SMALL, TRAIN, diloco or DiLoCoConfig(local_steps=5), corpus).run(method)
+
+
+def test_same_seed_same_numbers(corpus):
+    a, b = run(corpus, "gossip", seed=3), run(corpus, "gossip", seed=3)
+    assert a.as_dict() == b.as_dict()
+    c = run(corpus, "gossip", seed=4)
+    assert c.eval_loss != a.eval_loss
+
+
+@pytest.mark.parametrize("method", ["gossip", "allreduce", "dp"])
+def test_every_method_spends_exactly_the_token_budget(corpus, method):
+    r = run(corpus, method)
+    assert r.tokens == 4 * 4 * 32 * 20
+    assert r.eval_loss < 5.6  # below the uniform-byte loss ln(256) = 5.55 plus init noise
+
+
+def test_allreduce_islands_stay_identical(corpus):
+    r = run(corpus, "allreduce")
+    assert r.eval_loss == r.eval_loss_worst == r.eval_loss_consensus
+
+
+def test_two_islands_fresh_symmetric_mixing_end_identical(corpus):
+    d = DiLoCoConfig(local_steps=5, momentum="mixed", mix_pseudo_gradient=False)
+    r = run(corpus, "gossip", d, islands=2, mix_delay=0, compression="fp32")
+    assert r.per_island[0] == r.per_island[1]
+
+
+def test_straggler_does_not_slow_gossip(corpus):
+    r = run(corpus, "gossip", speeds=(1, 1, 1, 0.1), time_budget=3.0)
+    ar = run(corpus, "allreduce", speeds=(1, 1, 1, 0.1), time_budget=3.0)
+    assert r.utilization > 0.95
+    assert ar.utilization < 0.5
+    assert r.tokens > 2 * ar.tokens
+
+
+def test_bytes_counted_with_the_codec(corpus):
+    fp32 = run(corpus, "gossip", compression="fp32")
+    int8 = run(corpus, "gossip", compression="int8")
+    assert 3.8 < fp32.bytes_sent_per_island / int8.bytes_sent_per_island < 4.0
+
+
+def test_bad_sim_config():
+    with pytest.raises(ConfigError, match="simulate.speeds"):
+        SimConfig(islands=4, speeds=(1, 1))
+    with pytest.raises(ConfigError, match="simulate.drop_prob"):
+        SimConfig(drop_prob=1.5)
+
+
+def test_cli_json_shape():
+    args = ["simulate", "--json", "--tokens", "8192", "-H", "4", "--n-layer", "1", "--n-embd", "32", "--n-head", "2",
+            "--block-size", "32", "--batch-size", "4", "--method", "gossip,dp"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert set(out["methods"]) == {"gossip", "dp"}
+    keys = {"eval_loss", "eval_loss_worst", "eval_loss_consensus", "tokens", "bytes_sent_per_island", "virtual_seconds", "utilization"}
+    assert set(out["methods"]["gossip"]) == keys
+    assert out["config"]["sim"]["islands"] == 4
+
+
+def test_cli_bad_value_is_a_readable_error():
+    res = CliRunner().invoke(main, ["simulate", "--speeds", "1,1", "--tokens", "100"])
+    assert res.exit_code != 0 and "simulate.speeds" in res.output and "Traceback" not in res.output
