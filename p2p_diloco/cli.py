@@ -230,3 +230,45 @@ def status(bootstrap, run_id, discovery, as_json, timeout):
         click.echo(f"run {run_id!r}: {len(records)} live island(s) via {kind}")
         if records:
             click.echo(format_islands(records, time.time()))
+
+
+@main.group()
+def bench() -> None:
+    """Measure parts of the system and print the figures quoted in BENCHMARKS.md."""
+
+
+@bench.command("transport")
+@click.option("--params", type=click.IntRange(1, 2_000_000_000), default=50_000_000, show_default=True,
+              help="fp32 values in the published state (50M = 200 MB).")
+@click.option("--compression", type=click.Choice(["fp32", "bf16", "fp16", "int8"]), default="fp32", show_default=True,
+              help="Payload codec.")
+@click.option("--latency-ms", type=click.FloatRange(0, 10_000), default=0.0, show_default=True,
+              help="Emulated one-way latency for an extra, emulated fetch.")
+@click.option("--bandwidth-mbps", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Emulated link rate in Mbit/s for an extra, emulated fetch.")
+@click.option("--repeat", type=click.IntRange(1, 20), default=3, show_default=True, help="Timed runs (best is reported).")
+@click.option("--raw", type=click.Choice(["message", "stream"]), default="message", show_default=True,
+              help="Bare ZeroMQ reference: one whole-buffer message, or a pipelined stream of 4 MiB frames.")
+@click.option("--secret", default=None, help="Swarm secret for the protocol runs (CurveZMQ).")
+@click.option("--memory/--no-memory", default=True, show_default=True,
+              help="Also measure the fetcher's peak extra memory in a fresh process.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout; details go to stderr.")
+def bench_transport(params, compression, latency_ms, bandwidth_mbps, repeat, raw, secret, memory, as_json):
+    """State transfer between two processes on 127.0.0.1 against bare ZeroMQ in the same run."""
+    import json
+
+    from p2p_diloco.bench_transport import run
+
+    with user_errors():
+        out = run(params, compression, latency_ms, bandwidth_mbps, repeat=repeat, raw=raw, secret=secret,
+                  memory=memory, log=lambda msg: click.echo(msg, err=True))
+    out.pop("details")
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    click.echo(f"{out['bytes']} bytes in {out['fetch_s']:.3f} s: {out['bytes_per_s'] / 1e6:.1f} MB/s, "
+               f"bare ZeroMQ {out['raw_zmq_bytes_per_s'] / 1e6:.1f} MB/s, ratio {out['ratio_to_raw']:.3f}")
+    if out["emulated"]:
+        e = out["emulated"]
+        click.echo(f"emulated {e['latency_ms']} ms / {e['bandwidth_mbps']} Mbit/s: end-to-end {e['bytes_per_s'] / 1e6:.1f} "
+                   f"MB/s, link utilization {e['link_utilization']}")

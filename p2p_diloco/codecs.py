@@ -97,3 +97,50 @@ def roundtrip(x: torch.Tensor, codec: str) -> torch.Tensor:
     if codec == "fp32":
         return x.detach().clone()
     return decode(encode(x, codec), x.numel(), codec)
+
+
+def all_finite(x: torch.Tensor) -> bool:
+    """True when no value of a float tensor is NaN or infinite.
+
+    One summing pass in the common case (a finite sum proves every term finite, since NaN and
+    infinities propagate); only a non-finite sum, which may also be an overflow, pays for an exact
+    `isfinite` check.
+    """
+    if x.numel() == 0:
+        return True
+    if math.isfinite(x.sum(dtype=torch.float32).item()):
+        return True
+    return bool(torch.isfinite(x).all())
+
+
+def decode_range_into(out: torch.Tensor, buf: torch.Tensor, codec: str, start: int,
+                      scales: torch.Tensor | None = None) -> torch.Tensor:
+    """Decode values `[start, start + n)` of one tensor into `out[start:start + n]`, from a slice.
+
+    Lets a receiver decode chunk by chunk, without a second full-size buffer. `out` is the flat fp32
+    destination; `buf` a flat uint8 slice holding the values' fp32/bf16/fp16 bytes, or, for int8,
+    the values' codes, with `scales` the tensor's whole fp32 scale vector. Returns the filled view.
+    Gives bit-for-bit what `decode` gives for the same values.
+    """
+    check_codec(codec)
+    if codec == "int8":
+        if scales is None:
+            raise CodecError("int8 range decoding needs the tensor's scales")
+        n = buf.numel()
+        dst = out[start : start + n]
+        if n:
+            b0, b1 = start // INT8_BLOCK, (start + n - 1) // INT8_BLOCK + 1
+            first = start - b0 * INT8_BLOCK
+            s = scales[b0:b1].repeat_interleave(INT8_BLOCK)[first : first + n]  # (n,)
+            torch.mul(buf.view(torch.int8), s, out=dst)
+        return dst
+    width = 4 if codec == "fp32" else 2
+    if buf.numel() % width:
+        raise CodecError(f"{codec} slice of {buf.numel()} bytes is not a whole number of values")
+    n = buf.numel() // width
+    dst = out[start : start + n]
+    if codec == "fp32":
+        dst.view(torch.uint8).copy_(buf)
+    else:
+        dst.copy_(buf.view(torch.bfloat16 if codec == "bf16" else torch.float16))
+    return dst

@@ -35,3 +35,27 @@ class ProtocolError(TransportError):
 
 class DiscoveryError(P2PDiLoCoError):
     """Finding or announcing swarm members failed (unreachable bootstrap, bad record)."""
+
+
+class TransportTimeout(TransportError):
+    """A peer did not answer (or stopped sending) within the allowed time."""
+
+
+class ConnectionLost(TransportError):
+    """The connection to a peer dropped in the middle of an exchange."""
+
+
+class VersionGone(TransportError):
+    """The snapshot being fetched was replaced and is no longer served; fetch the new one."""
+
+
+class AuthRefused(TransportError):
+    """The security handshake failed: the two sides do not share the same swarm secret."""
+
+
+class ProtocolMismatch(ProtocolError):
+    """The peer speaks a different major version of the wire protocol."""
+
+
+class BadPayload(ProtocolError):
+    """Received state failed a check: digest mismatch, wrong size, or non-finite values."""

@@ -1,0 +1,295 @@
+"""Fetching a peer's snapshot: a DEALER socket, a window sized to the link, checks on every byte.
+
+One exchange: HELLO (which also asks the server to start streaming the first window right away,
+saving a round trip) -> MANIFEST -> CHUNKs, with more GET requests sent as chunks arrive so that
+`window` bytes stay in flight (see `flowcontrol.py`). Chunks arrive in request order on one
+connection; each is checked against the manifest (range, block digests, finite values) and decoded
+straight into the fp32 result (see `payload.py`), so memory beyond the state is the window.
+
+Failures raise a `TransportError` subclass and never return a partial state: `TransportTimeout`
+(nothing heard for `timeout` seconds), `ConnectionLost` (the peer dropped mid-exchange),
+`VersionGone` (the snapshot was replaced and evicted), `AuthRefused` (secret handshake failed),
+`ProtocolMismatch` (other major version), `BadPayload`/`ProtocolError` (the peer broke the rules).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from p2p_diloco import flowcontrol, payload, wire
+from p2p_diloco.config import NetworkConfig
+from p2p_diloco.errors import (AuthRefused, BadPayload, ConnectionLost, ProtocolError, ProtocolMismatch, TransportError,
+                               TransportTimeout, VersionGone)
+from p2p_diloco.linkemu import Pacer, link_rate
+from p2p_diloco.transport import HANDSHAKE_FAILED, client_context, swarm_keys
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FetchStats:
+    rtt_s: float  # smallest round trip seen (the HELLO's, or a chunk's)
+    link_bytes_per_s: float  # bottleneck bandwidth estimate at the end
+    peak_window_bytes: int  # most bytes kept in flight
+    chunk_bytes: int  # chunk length in use at the end
+    chunks: int
+    transfer_bytes_per_s: float  # payload rate between the first chunk's arrival and the last's
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A peer's state, fetched whole and checked: fp32 tensors in their published shapes."""
+
+    tensors: dict[str, torch.Tensor]
+    version: int
+    tokens: int
+    meta: dict[str, Any]
+    nbytes: int  # payload bytes that travelled
+    seconds: float
+    endpoint: str
+    stats: FetchStats
+    manifest: wire.Manifest = field(repr=False)
+
+
+class Fetcher:
+    """A connection to one peer's snapshot server; reuse it to fetch from that peer repeatedly."""
+
+    def __init__(self, endpoint: str, config: NetworkConfig | None = None) -> None:
+        self.endpoint = endpoint
+        self.config = config or NetworkConfig()
+        self._rid = 0
+        self._up = False
+        self._pacer = Pacer(self.config.latency_ms, link_rate(self.config.bandwidth_mbps, None))
+        sock = client_context().socket(zmq.DEALER)
+        self._sock = sock
+        try:
+            sock.linger = 0
+            sock.setsockopt(zmq.MAXMSGSIZE, max(wire.MAX_CHUNK, wire.MAX_MANIFEST_BYTES))
+            sock.rcvhwm = sock.sndhwm = wire.MAX_INFLIGHT + 16
+            if self.config.secret is not None:
+                keys = swarm_keys(self.config.secret)
+                sock.curve_serverkey = keys.server_public
+                sock.curve_publickey = keys.client_public
+                sock.curve_secretkey = keys.client_secret
+            self._monitor = sock.get_monitor_socket(HANDSHAKE_FAILED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                                                    | zmq.EVENT_DISCONNECTED)
+            sock.connect(endpoint)
+        except zmq.ZMQError as e:
+            self.close()
+            raise TransportError(f"cannot connect to {endpoint}: {e}") from e
+        self._poller = zmq.Poller()
+        self._poller.register(sock, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+
+    # -- public -----------------------------------------------------------------------------------
+
+    def manifest(self, timeout: float | None = None) -> wire.Manifest:
+        """The peer's current manifest (version, tokens, meta, layout) without the payload: one RTT."""
+        timeout = timeout or self.config.fetch_timeout_s
+        self._drain_monitor(busy=False)
+        first = self._rid + 1
+        t0 = time.monotonic()
+        hello = wire.Hello(rid=self._next_rid())
+        self._send(hello)
+        m = self._await_manifest(first, timeout, t0)
+        flowcontrol.remember(self.endpoint, _with_rtt(flowcontrol.remembered(self.endpoint), time.monotonic() - t0))
+        return m
+
+    def fetch(self, timeout: float | None = None) -> Snapshot:
+        """Download the peer's latest snapshot whole; `timeout` is the longest wait for progress."""
+        cfg, timeout = self.config, timeout or self.config.fetch_timeout_s
+        self._drain_monitor(busy=False)
+        ctl = flowcontrol.WindowController(min_chunk=cfg.min_chunk_bytes, max_chunk=cfg.max_chunk_bytes,
+                                           initial_window=cfg.initial_window_bytes, max_window=cfg.max_window_bytes,
+                                           prior=flowcontrol.remembered(self.endpoint))
+        first = self._rid + 1
+        t0 = time.monotonic()
+        hello = wire.Hello(rid=self._next_rid(), prefetch=ctl.window_bytes(wire.MIN_CHUNK),
+                           chunk=ctl.chunk_bytes(wire.MIN_CHUNK))
+        self._send(hello)
+        m = self._await_manifest(first, timeout, t0)
+        ctl.on_rtt(time.monotonic() - t0)
+        if m.state_bytes > cfg.max_state_bytes:
+            raise BadPayload(f"{self.endpoint} offers {m.state_bytes} bytes of state, over max_state_bytes")
+        asm = payload.Assembler(m)
+        # (offset, length, rid, sent at or None when prefetched)
+        inflight = deque((off, n, hello.rid, None) for off, n in wire.prefetch_plan(m.total, m.block, hello.prefetch, hello.chunk))
+        next_off = inflight[-1][0] + inflight[-1][1] if inflight else 0
+        in_bytes = next_off
+        first_at = last_at = None
+        first_len = chunks = 0
+        stall = time.monotonic() + timeout
+        while not asm.done:
+            window = ctl.window_bytes(m.block)
+            while next_off < m.total and in_bytes < window and len(inflight) < wire.MAX_INFLIGHT:
+                n = min(ctl.chunk_bytes(m.block), m.total - next_off)
+                req = wire.GetChunk(rid=self._next_rid(), sid=m.sid, offset=next_off, length=n)
+                self._send(req)
+                inflight.append((next_off, n, req.rid, time.monotonic()))
+                next_off += n
+                in_bytes += n
+            reply = self._wait(stall, m, first, timeout)
+            if reply.rid < first:
+                continue  # a late answer to an earlier, abandoned exchange
+            if not isinstance(reply, wire.ChunkReply):
+                raise ProtocolError(f"{self.endpoint} sent an unexpected {type(reply).__name__} mid-transfer")
+            off, n, rid, sent = inflight[0]
+            if (reply.sid, reply.offset, reply.length, reply.rid) != (m.sid, off, n, rid):
+                raise ProtocolError(f"{self.endpoint} sent chunk [{reply.offset}, +{reply.length}) of {reply.sid} "
+                                    f"(rid {reply.rid}); expected [{off}, +{n}) of {m.sid} (rid {rid})")
+            asm.accept(reply.offset, reply.payload)
+            now = time.monotonic()
+            inflight.popleft()
+            in_bytes -= n
+            ctl.on_delivery(n, now)
+            if sent is not None:
+                ctl.on_rtt(now - sent)
+            if first_at is None:
+                first_at, first_len = now, n
+            last_at, chunks, stall = now, chunks + 1, now + timeout
+        seconds = time.monotonic() - t0
+        flowcontrol.remember(self.endpoint, ctl.estimate())
+        span = (last_at - first_at) if first_at is not None else 0.0
+        stats = FetchStats(rtt_s=ctl.min_rtt, link_bytes_per_s=ctl.bandwidth, peak_window_bytes=ctl.peak_window,
+                           chunk_bytes=ctl.chunk_bytes(m.block), chunks=chunks,
+                           transfer_bytes_per_s=(m.total - first_len) / span if span > 0 else math.nan)
+        log.debug("fetched version %d from %s: %d bytes in %.3f s", m.version, self.endpoint, m.total, seconds)
+        return Snapshot(tensors=asm.result(), version=m.version, tokens=m.tokens, meta=dict(m.meta),
+                        nbytes=m.total, seconds=seconds, endpoint=self.endpoint, stats=stats, manifest=m)
+
+    def close(self) -> None:
+        self._pacer.clear()
+        sock = getattr(self, "_sock", None)
+        if sock is not None and not sock.closed:
+            try:
+                sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            sock.close(linger=0)
+        mon = getattr(self, "_monitor", None)
+        if mon is not None and not mon.closed:
+            mon.close(linger=0)
+
+    def __enter__(self) -> Fetcher:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _next_rid(self) -> int:
+        self._rid += 1
+        return self._rid
+
+    def _send(self, msg: wire.Hello | wire.GetChunk) -> None:
+        frames = wire.encode(msg)
+        if self._pacer.active:
+            self._pacer.schedule(sum(len(f) for f in frames), frames)
+        else:
+            self._send_now(frames)
+
+    def _send_now(self, frames: list[Any]) -> None:
+        try:
+            self._sock.send_multipart(frames, flags=zmq.NOBLOCK)
+        except zmq.ZMQError as e:
+            raise TransportError(f"cannot send to {self.endpoint}: {e}") from e
+
+    def _await_manifest(self, first: int, timeout: float, t0: float) -> wire.Manifest:
+        stall = t0 + timeout
+        while True:
+            reply = self._wait(stall, None, first, timeout)
+            if reply.rid < first:
+                continue
+            if isinstance(reply, wire.ManifestReply):
+                return reply.manifest
+            raise ProtocolError(f"{self.endpoint} answered HELLO with {type(reply).__name__}")
+
+    def _wait(self, stall: float, m: wire.Manifest | None, first: int,
+              timeout: float) -> wire.ManifestReply | wire.ChunkReply:
+        """Send what the pacer releases; return the next reply (or raise for an ERROR or silence)."""
+        while True:
+            now = time.monotonic()
+            for frames in self._pacer.pop_due(now):
+                self._send_now(frames)
+            if now >= stall:
+                raise TransportTimeout(f"no answer from {self.endpoint} for {timeout:g} s"
+                                       + ("" if m is None else " in the middle of a transfer"))
+            due = self._pacer.next_due()
+            wait = stall - now if due is None else min(stall - now, max(0.0, due - now))
+            try:
+                events = dict(self._poller.poll(math.ceil(wait * 1000)))
+                if self._monitor in events:
+                    self._drain_monitor(busy=True)
+                if self._sock not in events:
+                    continue
+                frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                continue
+            except zmq.ZMQError as e:
+                raise TransportError(f"receiving from {self.endpoint} failed: {e}") from e
+            reply = wire.decode_reply(frames)
+            if isinstance(reply, wire.ErrorReply):
+                if reply.rid >= first or reply.rid == 0:  # 0: the server could not read our rid
+                    self._raise(reply, m)
+                continue
+            return reply
+
+    def _raise(self, e: wire.ErrorReply, m: wire.Manifest | None) -> None:
+        where = self.endpoint
+        if e.code == "gone":
+            err = VersionGone(f"{where} no longer serves version {m.version if m else '?'}"
+                              f" (it now serves version {e.version}); fetch again for the new one")
+            err.version, err.current = (m.version if m else None), e.version
+            raise err
+        if e.code == "version":
+            raise ProtocolMismatch(f"{where} refused our protocol version: {e.message}")
+        if e.code == "no_snapshot":
+            raise TransportError(f"{where} has not published a snapshot yet")
+        if e.code == "busy":
+            raise TransportError(f"{where} is busy: {e.message}")
+        raise ProtocolError(f"{where} rejected our request ({e.code}): {e.message}")
+
+    def _drain_monitor(self, busy: bool) -> None:
+        while True:
+            try:
+                ev = recv_monitor_message(self._monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind = ev["event"]
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._up = True
+            elif kind & HANDSHAKE_FAILED:
+                raise AuthRefused(f"{self.endpoint} refused the security handshake ({zmq.Event(kind).name}): "
+                                  "the swarm secret is missing or different on one side")
+            elif kind == zmq.EVENT_DISCONNECTED:
+                was_up, self._up = self._up, False
+                if busy and was_up:
+                    raise ConnectionLost(f"{self.endpoint} closed the connection mid-exchange")
+
+
+def _with_rtt(prior: flowcontrol.LinkEstimate | None, rtt: float) -> flowcontrol.LinkEstimate | None:
+    if prior is None:
+        return None
+    return flowcontrol.LinkEstimate(rtt_s=min(prior.rtt_s, rtt), bytes_per_s=prior.bytes_per_s)
+
+
+def fetch(endpoint: str, config: NetworkConfig | None = None, timeout: float | None = None) -> Snapshot:
+    """Fetch `endpoint`'s latest snapshot over a fresh connection (see `Fetcher.fetch`)."""
+    with Fetcher(endpoint, config) as f:
+        return f.fetch(timeout)
+
+
+def fetch_manifest(endpoint: str, config: NetworkConfig | None = None, timeout: float | None = None) -> wire.Manifest:
+    """Fetch only `endpoint`'s manifest: version, tokens and meta for choosing a partner."""
+    with Fetcher(endpoint, config) as f:
+        return f.manifest(timeout)

@@ -1,0 +1,359 @@
+"""ZeroMQ sockets for the state exchange: a ROUTER snapshot server and the shared socket plumbing.
+
+Sockets only, nothing about training. `SnapshotServer` serves an island's latest immutable
+snapshot from a ROUTER socket driven by one background thread, so the training loop never waits
+on the network; `publish()` swaps in a new snapshot atomically and keeps the previous ones
+(`retain_snapshots`) alive for fetches still reading them. Every request is size-bounded by the
+socket (`MAXMSGSIZE`) before it is parsed; a bad one gets an ERROR reply and a logged reason, and
+the server carries on. Payload chunks are zero-copy slices of the snapshot buffer.
+
+The fetching side (DEALER) lives in `fetcher.py`; `fetch`, `fetch_manifest`, `Fetcher` and
+`Snapshot` are re-exported here so callers import one module.
+
+Swarm secret: both key pairs of a CurveZMQ handshake are derived from the secret (scrypt, so a
+weak passphrase is slow to guess), the server demands CURVE, and a ZAP handler admits only the
+derived client key: a peer without the secret can neither read state nor get a request accepted.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import math
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import zmq
+import zmq.auth.thread
+from zmq.utils import z85
+
+from p2p_diloco import payload, wire
+from p2p_diloco.config import NetworkConfig
+from p2p_diloco.errors import ProtocolError, ProtocolMismatch, TransportError
+from p2p_diloco.linkemu import Pacer, link_rate
+
+log = logging.getLogger(__name__)
+
+ZAP_DOMAIN = "p2p-diloco"
+HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+_client_ctx: tuple[int, zmq.Context] | None = None
+_ctx_lock = threading.Lock()
+
+
+def client_context() -> zmq.Context:
+    """The process's shared context for fetch sockets (recreated after a fork)."""
+    global _client_ctx
+    with _ctx_lock:
+        if _client_ctx is None or _client_ctx[0] != os.getpid():
+            _client_ctx = (os.getpid(), zmq.Context(io_threads=1))
+        return _client_ctx[1]
+
+
+@dataclass(frozen=True)
+class SwarmKeys:
+    server_public: bytes
+    server_secret: bytes
+    client_public: bytes
+    client_secret: bytes
+
+
+@functools.lru_cache(maxsize=8)
+def swarm_keys(secret: str) -> SwarmKeys:
+    """CurveZMQ key pairs derived from the swarm secret (same secret, same keys, on every peer)."""
+    seed = hashlib.scrypt(secret.encode(), salt=b"p2p-diloco swarm keys v1", n=2**14, r=8, p=1, dklen=64)
+    server_secret, client_secret = z85.encode(seed[:32]), z85.encode(seed[32:])
+    return SwarmKeys(server_public=zmq.curve_public(server_secret), server_secret=server_secret,
+                     client_public=zmq.curve_public(client_secret), client_secret=client_secret)
+
+
+def tcp_bind_address(bind: str) -> str:
+    """`tcp://host:0` means an OS-chosen port (ZeroMQ spells it `*`)."""
+    return bind[:-2] + ":*" if bind.endswith(":0") else bind
+
+
+class RateLimitedLog:
+    """Logs the first occurrence of each reason, then at most once per `period` with a count."""
+
+    def __init__(self, logger: logging.Logger, period: float = 5.0) -> None:
+        self._log, self._period = logger, period
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def __call__(self, reason: str, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        last, skipped = self._last.get(reason, (-math.inf, 0))
+        if now - last >= self._period:
+            suffix = f" ({skipped} more like it suppressed)" if skipped else ""
+            self._log.warning(message + suffix, *args)
+            self._last[reason] = (now, 0)
+        else:
+            self._last[reason] = (last, skipped + 1)
+
+
+@dataclass(frozen=True)
+class _Published:
+    manifest: wire.Manifest
+    view: memoryview  # zero-copy view of the payload buffer, sliced per chunk
+    buf: torch.Tensor  # keeps the memory alive
+
+
+class _AllowClientKey:
+    """ZAP credentials provider: admits exactly the client key derived from the swarm secret."""
+
+    def __init__(self, client_public: bytes, on_refuse: Any) -> None:
+        self._key, self._on_refuse = client_public, on_refuse
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        ok = key == self._key
+        if not ok:
+            self._on_refuse("client key not derived from the swarm secret")
+        return ok
+
+
+class SnapshotServer:
+    """Serves this island's latest snapshot to any number of fetchers, from a background thread."""
+
+    def __init__(self, bind: str = "tcp://127.0.0.1:0", config: NetworkConfig | None = None, *,
+                 announce_host: str | None = None) -> None:
+        self.config = config or NetworkConfig()
+        self._ctx = zmq.Context(io_threads=1)
+        self._auth: zmq.auth.thread.ThreadAuthenticator | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._reject = RateLimitedLog(log)
+        self._snapshots: dict[int, _Published] = {}  # sid -> snapshot, oldest first
+        self._latest: _Published | None = None
+        self._pacer = Pacer(self.config.latency_ms, link_rate(self.config.bandwidth_mbps, self.config.max_upload_mbps))
+        self._pending: dict[bytes, int] = {}  # peer identity -> replies held by the pacer
+        self._stats = {"requests": 0, "manifests_served": 0, "chunks_served": 0, "bytes_sent": 0,
+                       "payload_bytes_sent": 0, "auth_refused": 0, "rejected": {}}
+        self._sent_log: deque[tuple[float, int]] = deque(maxlen=4096)
+        try:
+            self._sock = self._ctx.socket(zmq.ROUTER)
+            self._sock.linger = 0
+            self._sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_REQUEST_BYTES)
+            self._sock.rcvhwm = 4 * wire.MAX_INFLIGHT
+            self._sock.sndhwm = 4 * wire.MAX_INFLIGHT
+            if self.config.secret is not None:
+                keys = swarm_keys(self.config.secret)
+                self._auth = zmq.auth.thread.ThreadAuthenticator(self._ctx, log=logging.getLogger(__name__ + ".zap"))
+                self._auth.start()
+                self._auth.configure_curve_callback(ZAP_DOMAIN, _AllowClientKey(keys.client_public, self._refused))
+                self._sock.curve_server = True
+                self._sock.curve_secretkey = keys.server_secret
+                self._sock.curve_publickey = keys.server_public
+                self._sock.zap_domain = ZAP_DOMAIN.encode()
+            self._monitor = self._sock.get_monitor_socket(HANDSHAKE_FAILED)
+            self._sock.bind(tcp_bind_address(bind))
+        except zmq.ZMQError as e:
+            self._teardown()
+            raise TransportError(f"cannot serve snapshots on {bind}: {e}") from e
+        bound = self._sock.last_endpoint.decode()
+        host, port = bound.rsplit(":", 1)
+        self.endpoint = f"tcp://{announce_host}:{port}" if announce_host else bound
+        self._thread = threading.Thread(target=self._run, name="snapshot-server", daemon=True)
+        self._thread.start()
+        log.info("serving snapshots on %s (secret %s)", self.endpoint, "on" if self.config.secret else "off")
+
+    # -- the training side ------------------------------------------------------------------------
+
+    def publish(self, tensors: Mapping[str, torch.Tensor], version: int, tokens: int,
+                meta: Mapping[str, Any] | None = None) -> wire.Manifest:
+        """Snapshot `tensors` (copied, encoded with the configured codec) and serve it from now on."""
+        manifest, buf = payload.pack(tensors, self.config.compression, version=version, tokens=tokens, meta=meta)
+        snap = _Published(manifest=manifest, view=memoryview(buf.numpy()), buf=buf)
+        with self._lock:
+            snaps = dict(self._snapshots)
+            snaps[manifest.sid] = snap
+            while len(snaps) > self.config.retain_snapshots:
+                snaps.pop(next(iter(snaps)))
+            self._snapshots, self._latest = snaps, snap
+        log.debug("published version %d (%d bytes, %d blocks)", version, manifest.total, manifest.n_blocks)
+        return manifest
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for the dashboard: requests, bytes sent, rejections by reason, upload rate."""
+        with self._lock:
+            out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self._stats.items()}
+            now = time.monotonic()
+            recent = sum(n for t, n in self._sent_log if now - t <= 2.0)
+        out["upload_bytes_per_s"] = recent / 2.0
+        out["version"] = self._latest.manifest.version if self._latest else None
+        return out
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop serving; pending replies are dropped. Safe to call twice."""
+        self._stop.set()
+        if getattr(self, "_thread", None) is not None and self._thread.is_alive():
+            self._thread.join(timeout)
+        self._teardown()
+
+    def __enter__(self) -> SnapshotServer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _teardown(self) -> None:
+        for name in ("_monitor", "_sock"):
+            sock = getattr(self, name, None)
+            if sock is not None and not sock.closed:
+                if name == "_sock":
+                    try:
+                        sock.disable_monitor()
+                    except zmq.ZMQError:
+                        pass
+                sock.close(linger=0)
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+        if not self._ctx.closed:
+            self._ctx.term()
+
+    # -- the socket thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                due = self._pacer.next_due()
+                wait = 0.05 if due is None else min(0.05, max(0.0, due - time.monotonic()))
+                events = dict(poller.poll(math.ceil(wait * 1000)))
+                if self._sock in events:
+                    for _ in range(4 * wire.MAX_INFLIGHT):
+                        try:
+                            frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        self._handle(frames)
+                if self._monitor in events:
+                    self._drain_monitor()
+                if len(self._pacer):
+                    for ident, frames, nbytes in self._pacer.pop_due():
+                        self._pending[ident] -= 1
+                        if not self._pending[ident]:
+                            del self._pending[ident]
+                        self._send(ident, frames, nbytes)
+        except zmq.ZMQError as e:  # the context went away under us: nothing left to serve
+            if not self._stop.is_set():
+                log.error("snapshot server stopped: %s", e)
+
+    def _drain_monitor(self) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        while True:
+            try:
+                ev = recv_monitor_message(self._monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if ev["event"] & HANDSHAKE_FAILED:
+                self._refused(f"security handshake failed ({zmq.Event(ev['event']).name}, code {ev['value']})")
+
+    def _refused(self, reason: str) -> None:
+        with self._lock:
+            self._stats["auth_refused"] += 1
+        self._reject("auth", "refused a connection: %s", reason)
+
+    def _reply(self, ident: bytes, msg: Any) -> None:
+        frames = wire.encode(msg)
+        nbytes = sum(memoryview(f).nbytes for f in frames)
+        if self._pacer.active:
+            self._pending[ident] = self._pending.get(ident, 0) + 1
+            self._pacer.schedule(nbytes, (ident, frames, nbytes))
+        else:
+            self._send(ident, frames, nbytes)
+
+    def _send(self, ident: bytes, frames: list[Any], nbytes: int) -> None:
+        try:
+            self._sock.send_multipart([ident, *frames], flags=zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as e:  # peer's queue full or gone: it will time out and retry
+            self._reject("send", "dropped a reply: %s", e)
+            return
+        with self._lock:
+            self._stats["bytes_sent"] += nbytes
+            self._sent_log.append((time.monotonic(), nbytes))
+
+    def _error(self, ident: bytes, rid: int, code: str, message: str, peer: str) -> None:
+        with self._lock:
+            rejected = self._stats["rejected"]
+            rejected[code] = rejected.get(code, 0) + 1
+        self._reject(code, "rejected a request from %s: %s", peer, message)
+        latest = self._latest
+        self._reply(ident, wire.ErrorReply(rid=rid, code=code, message=message,
+                                           version=latest.manifest.version if latest else None))
+
+    def _handle(self, frames: list[zmq.Frame]) -> None:
+        ident = frames[0].bytes
+        with self._lock:
+            self._stats["requests"] += 1
+        try:
+            peer = frames[1].get("Peer-Address") if len(frames) > 1 else "?"
+        except zmq.ZMQError:
+            peer = "?"
+        try:
+            req = wire.decode_request(frames[1:])
+        except ProtocolMismatch as e:
+            self._error(ident, getattr(e, "rid", 0), "version", f"server speaks protocol "
+                        f"{wire.PROTOCOL_VERSION[0]}.{wire.PROTOCOL_VERSION[1]}, request was "
+                        f"{'.'.join(map(str, getattr(e, 'peer_version', ('?', '?'))))}", peer)
+            return
+        except ProtocolError as e:
+            self._error(ident, 0, "bad_request", str(e), peer)
+            return
+        if self._pending.get(ident, 0) >= wire.MAX_INFLIGHT:
+            self._error(ident, req.rid, "busy", f"more than {wire.MAX_INFLIGHT} requests outstanding", peer)
+        elif isinstance(req, wire.Hello):
+            self._hello(ident, req, peer)
+        else:
+            self._get(ident, req, peer)
+
+    def _hello(self, ident: bytes, req: wire.Hello, peer: str) -> None:
+        snap = self._latest
+        if snap is None:
+            self._error(ident, req.rid, "no_snapshot", "nothing published yet", peer)
+            return
+        self._reply(ident, wire.ManifestReply(rid=req.rid, manifest=snap.manifest))
+        with self._lock:
+            self._stats["manifests_served"] += 1
+        m = snap.manifest
+        for off, length in wire.prefetch_plan(m.total, m.block, req.prefetch, req.chunk):
+            self._chunk(ident, snap, req.rid, off, length)
+
+    def _get(self, ident: bytes, req: wire.GetChunk, peer: str) -> None:
+        snap = self._snapshots.get(req.sid)
+        if snap is None:
+            latest = self._latest
+            self._error(ident, req.rid, "gone", f"snapshot {req.sid} is no longer served"
+                        + (f"; the latest is version {latest.manifest.version}" if latest else ""), peer)
+            return
+        m, end = snap.manifest, req.offset + req.length
+        if req.offset % m.block or end > m.total or (req.length % m.block and end != m.total):
+            self._error(ident, req.rid, "bad_request", f"range [{req.offset}, {end}) is not whole blocks of "
+                        f"{m.block} within {m.total} bytes", peer)
+            return
+        self._chunk(ident, snap, req.rid, req.offset, req.length)
+
+    def _chunk(self, ident: bytes, snap: _Published, rid: int, off: int, length: int) -> None:
+        self._reply(ident, wire.ChunkReply(rid=rid, sid=snap.manifest.sid, offset=off, length=length,
+                                           payload=snap.view[off : off + length]))
+        with self._lock:
+            self._stats["chunks_served"] += 1
+            self._stats["payload_bytes_sent"] += length
+
+
+def __getattr__(name: str) -> Any:
+    """Re-export the fetching side, so callers import one module (lazily: fetcher imports us)."""
+    if name in ("Fetcher", "Snapshot", "fetch", "fetch_manifest"):
+        from p2p_diloco import fetcher
+
+        return getattr(fetcher, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
