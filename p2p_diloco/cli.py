@@ -232,6 +232,23 @@ def status(bootstrap, run_id, discovery, as_json, timeout):
             click.echo(format_islands(records, time.time()))
 
 
+@main.command()
+@discovery_options(required=True)
+@click.option("--refresh", type=click.FloatRange(0.05, 60), default=1.0, show_default=True,
+              help="Seconds between reads of the member list.")
+@click.option("--expiry", type=click.FloatRange(1, 3600), default=30.0, show_default=True,
+              help="Record lifetime the islands use (a record gone after this long silent counts as expired).")
+def dashboard(bootstrap, run_id, discovery, refresh, expiry):
+    """Watch a run live: islands, staleness, throughput, loss, links and events (q quits, ? helps)."""
+    from tui import MembershipSource, run_dashboard, should_use_dashboard
+
+    if not should_use_dashboard(environ={}):
+        raise click.ClickException("the dashboard needs a terminal; `p2p-diloco status` prints the islands once")
+    config = discovery_config(bootstrap, run_id, discovery, poll=min(refresh, expiry), expiry=expiry,
+                              refresh=min(5.0, expiry / 2), connect_timeout=5.0)
+    sys.exit(run_dashboard(MembershipSource(config)))
+
+
 @main.group()
 def bench() -> None:
     """Measure parts of the system and print the figures quoted in BENCHMARKS.md."""
@@ -272,3 +289,117 @@ def bench_transport(params, compression, latency_ms, bandwidth_mbps, repeat, raw
         e = out["emulated"]
         click.echo(f"emulated {e['latency_ms']} ms / {e['bandwidth_mbps']} Mbit/s: end-to-end {e['bytes_per_s'] / 1e6:.1f} "
                    f"MB/s, link utilization {e['link_utilization']}")
+
+
+def network_options(f):
+    """Options of the state exchange: codec, upload cap, link emulation, swarm secret."""
+    f = click.option("--compression", type=click.Choice(["fp32", "bf16", "fp16", "int8"]), default="bf16", show_default=True,
+                     help="Codec of the published state (the receiver always accumulates in fp32).")(f)
+    f = click.option("--max-upload-mbps", type=float, default=None, help="Cap on what this island's server sends, Mbit/s.")(f)
+    f = click.option("--latency-ms", type=float, default=0.0, show_default=True, help="Emulated one-way link latency.")(f)
+    f = click.option("--bandwidth-mbps", type=float, default=None, help="Emulated link bandwidth, Mbit/s.")(f)
+    f = click.option("--secret", default=None, envvar="P2P_DILOCO_SECRET",
+                     help="Swarm secret; islands without it can neither fetch nor inject state.")(f)
+    return f
+
+
+@main.command()
+@discovery_options()
+@model_options
+@diloco_options
+@network_options
+@click.option("--round-seconds", type=float, default=None, help="Time budget of one round's inner steps.")
+@click.option("--run-dir", type=click.Path(file_okay=False), default="runs/island", show_default=True,
+              help="Folder for metrics.jsonl and checkpoints.")
+@click.option("--max-tokens", type=int, default=None, help="Stop after this island trained this many tokens.")
+@click.option("--max-rounds", type=int, default=None, help="Stop after this many rounds.")
+@click.option("--max-seconds", type=float, default=None, help="Stop after this many seconds of training.")
+@click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --run-dir.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind the snapshot server and DHT node.")
+@click.option("--announce", "announce_host", default=None, help="Address others should dial (when --host is not reachable as such).")
+@click.option("--port", type=int, default=0, show_default=True, help="Snapshot server port (0: any free port).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Run seed: the initial weights every island shares.")
+@click.option("--threads", type=int, default=1, show_default=True, help="torch threads for this island.")
+@click.option("--eval-every", type=int, default=10, show_default=True, help="Rounds between held-out evaluations.")
+@click.option("--checkpoint-every", type=int, default=10, show_default=True, help="Rounds between checkpoints.")
+@click.option("--name", default=None, help="Label for the progress line.")
+@click.option("--quiet", is_flag=True, help="No progress lines.")
+@click.option("--json", "as_json", is_flag=True, help="Print the island's summary as JSON at exit.")
+def join(**kw) -> None:
+    """Start an island: find the swarm, train rounds, gossip with partners, checkpoint."""
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from p2p_diloco.config import NetworkConfig
+    from peers.runner import IslandConfig, run_island
+
+    torch.set_num_threads(kw.pop("threads"))
+    with user_errors():
+        discovery = discovery_config(kw.pop("bootstrap"), kw.pop("run_id"), kw.pop("discovery"),
+                                     host=kw["host"], announce_host=kw["announce_host"])
+        data, as_json = kw.pop("data"), kw.pop("as_json")
+        model, train, diloco = build_configs(kw)
+        diloco = dataclasses.replace(diloco, round_seconds=kw.pop("round_seconds"))
+        tokens_per_step = train.batch_size * model.resolved()["block_size"]
+        if kw["max_tokens"]:
+            train = dataclasses.replace(train, total_steps=max(1, kw["max_tokens"] // tokens_per_step))
+        elif kw["max_rounds"]:
+            train = dataclasses.replace(train, total_steps=kw["max_rounds"] * diloco.local_steps)
+        network = NetworkConfig(compression=kw.pop("compression"), max_upload_mbps=kw.pop("max_upload_mbps"),
+                                latency_ms=kw.pop("latency_ms"), bandwidth_mbps=kw.pop("bandwidth_mbps"),
+                                secret=kw.pop("secret"))
+        island = IslandConfig(run_dir=Path(kw["run_dir"]), bind_host=kw["host"], announce_host=kw["announce_host"],
+                              port=kw["port"], max_tokens=kw["max_tokens"], max_rounds=kw["max_rounds"],
+                              max_seconds=kw["max_seconds"], resume=kw["resume"], eval_every=kw["eval_every"],
+                              checkpoint_every=kw["checkpoint_every"], name=kw["name"], quiet=kw["quiet"])
+        code, summary = run_island(island, model, train, diloco, network, discovery, data)
+    if as_json:
+        click.echo(json.dumps(summary))
+    sys.exit(code)
+
+
+@main.command()
+@click.option("--islands", "-k", type=click.IntRange(2, 16), default=4, show_default=True, help="Number of islands.")
+@click.option("--minutes", type=float, default=3.0, show_default=True, help="Training time of each island.")
+@click.option("--latency-ms", type=float, default=0.0, show_default=True, help="Emulated one-way link latency.")
+@click.option("--bandwidth-mbps", type=float, default=None, help="Emulated link bandwidth, Mbit/s.")
+@click.option("--compare", is_flag=True, help="Also train the data-parallel baseline at the same tokens.")
+@click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep logs, metrics and checkpoints here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+def demo(islands, minutes, latency_ms, bandwidth_mbps, compare, workdir, as_json) -> None:
+    """Run a local swarm: a bootstrap node and islands as processes on 127.0.0.1, then a summary."""
+    import json
+    from pathlib import Path
+
+    from peers.demo import DemoConfig, run_demo
+
+    cfg = DemoConfig(islands=islands, minutes=minutes, latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps,
+                     compare=compare, workdir=Path(workdir) if workdir else None)
+    try:
+        summary = run_demo(cfg)
+    except KeyboardInterrupt:
+        raise SystemExit(130)
+    except RuntimeError as e:
+        raise click.ClickException(str(e)) from e
+    if as_json:
+        click.echo(json.dumps(summary))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{islands} islands, {minutes:g} minutes each")
+    for col in ("island", "loss at start", "eval loss", "tokens", "version", "utilization"):
+        table.add_column(col, justify="right")
+    for r in summary["islands"]:
+        table.add_row(r["id"], f"{r['initial_loss']:.3f}", f"{r['eval_loss']:.3f}", f"{r['tokens']:,}", str(r["version"]),
+                      f"{r['utilization']:.3f}")
+    console = Console()
+    console.print(table)
+    if summary["baseline_eval_loss"] is not None:
+        console.print(f"data-parallel baseline at the same tokens: eval loss {summary['baseline_eval_loss']:.3f}")
+    console.print(f"bytes moved between islands: {summary['bytes_moved'] / 1e6:.1f} MB   (logs: {summary['workdir']})")
+    console.print("sample:", style="bold")
+    console.print(summary["sample"], markup=False, highlight=False)

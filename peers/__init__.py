@@ -1,0 +1,1 @@
+"""The island process: training loop, background gossip worker, partner choice, checkpoints."""

@@ -1,0 +1,87 @@
+"""Partner choice: prefer fresh, fast, reachable members, and spread the load.
+
+Each round an island fetches one partner's snapshot. A weighted random draw (not a fixed best)
+keeps information flowing through the whole swarm and keeps everyone from fetching the same
+island. A candidate's weight multiplies:
+
+- freshness: `1 / (1 + lag)` where lag is how many versions it is behind the freshest member;
+  members beyond `max_staleness` behind us are not candidates at all;
+- speed: the download rate we measured from it before (relative to the median), unmeasured
+  members counting as median;
+- load: `1 / (1 + upload share)`, the share of the swarm's upload it already carries;
+- reachability: after a failed exchange a member is skipped for a backoff that doubles with each
+  consecutive failure (2 s .. 60 s);
+- variety: the partner of the previous round counts half.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from p2p_diloco.membership import IslandRecord
+
+MIN_BACKOFF_S, MAX_BACKOFF_S = 2.0, 60.0
+
+
+@dataclass
+class _PeerHistory:
+    rate_bps: float | None = None
+    failures: int = 0
+    retry_after: float = 0.0
+
+
+@dataclass
+class PartnerChooser:
+    self_id: str
+    max_staleness: int = 8
+    rng: random.Random = field(default_factory=random.Random)
+    clock: callable = time.monotonic
+    history: dict[str, _PeerHistory] = field(default_factory=dict)
+    last: str | None = None
+
+    def candidates(self, members: dict[str, IslandRecord], own_version: int) -> dict[str, float]:
+        """Weights of the members we could fetch from now (empty when there are none)."""
+        now = self.clock()
+        others = {pid: r for pid, r in members.items()
+                  if pid != self.self_id and r.state in ("training", "syncing")
+                  and own_version - r.version <= self.max_staleness
+                  and self.history.get(pid, _PeerHistory()).retry_after <= now}
+        if not others:
+            return {}
+        freshest = max(r.version for r in others.values())
+        rates = [h.rate_bps for pid, h in self.history.items() if pid in others and h.rate_bps]
+        median_rate = statistics.median(rates) if rates else 1.0
+        total_upload = sum(r.upload_bps for r in others.values()) or 1.0
+        weights = {}
+        for pid, r in others.items():
+            w = 1.0 / (1 + freshest - r.version)
+            rate = self.history.get(pid, _PeerHistory()).rate_bps
+            w *= min(4.0, (rate or median_rate) / median_rate)
+            w /= 1 + r.upload_bps / total_upload
+            if pid == self.last and len(others) > 1:
+                w *= 0.5
+            weights[pid] = w
+        return weights
+
+    def choose(self, members: dict[str, IslandRecord], own_version: int) -> IslandRecord | None:
+        weights = self.candidates(members, own_version)
+        if not weights:
+            return None
+        ids = sorted(weights)
+        pick = self.rng.choices(ids, weights=[weights[i] for i in ids])[0]
+        self.last = pick
+        return members[pick]
+
+    def succeeded(self, peer_id: str, nbytes: int, seconds: float) -> None:
+        h = self.history.setdefault(peer_id, _PeerHistory())
+        rate = nbytes / max(seconds, 1e-6)
+        h.rate_bps = rate if h.rate_bps is None else 0.5 * h.rate_bps + 0.5 * rate
+        h.failures, h.retry_after = 0, 0.0
+
+    def failed(self, peer_id: str) -> None:
+        h = self.history.setdefault(peer_id, _PeerHistory())
+        h.failures += 1
+        h.retry_after = self.clock() + min(MAX_BACKOFF_S, MIN_BACKOFF_S * 2 ** (h.failures - 1))

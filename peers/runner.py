@@ -1,0 +1,354 @@
+"""The island process: join the swarm, train rounds, gossip in the background, checkpoint, leave.
+
+`run_island` is what `p2p-diloco join` calls. One round:
+
+1. if no fetch is running, choose a partner and start fetching its snapshot in the background;
+2. up to H inner steps, stopping early when `round_seconds` is spent (a slow island does fewer
+   steps, nobody waits for it);
+3. take the fetched snapshot if it arrived (else mix nothing this round), mix and take the outer
+   step (`Island.end_round`), publish the new state, announce the new record, log metrics.
+
+A joining island downloads the freshest member's state first; an island with `--resume`
+continues from its last checkpoint. Ctrl+C or SIGTERM stop after the current inner step: the
+running fetch is abandoned, a checkpoint is written, the record removed, exit code 130 / 143.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import math
+import random
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, ModelConfig, NetworkConfig, TrainConfig
+from p2p_diloco.data import BatchSampler, eval_batches, load_corpus
+from p2p_diloco.errors import TransportError
+from p2p_diloco.inner import evaluate
+from p2p_diloco.island import Island
+from p2p_diloco.membership import IslandRecord, open_membership
+from p2p_diloco.model import build_model
+from p2p_diloco.outer import PartnerState
+from peers import checkpoint
+from peers.gossip import GossipWorker
+from peers.metrics import MetricsLog, progress_line
+from peers.partners import PartnerChooser
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class IslandConfig:
+    """The island process's own settings (the rest lives in the shared config sections)."""
+
+    run_dir: Path = Path("runs/island")
+    """Metrics, checkpoints and the island's log live here."""
+    bind_host: str = "127.0.0.1"
+    """Address the snapshot server binds (0.0.0.0 for all interfaces)."""
+    announce_host: str | None = None
+    """Address partners should dial, when the bind address is not reachable as such."""
+    port: int = 0
+    """Snapshot server port (0: any free port)."""
+    max_tokens: int | None = None
+    """Stop after this island trained this many tokens."""
+    max_rounds: int | None = None
+    """Stop after this many rounds."""
+    max_seconds: float | None = None
+    """Stop after this many seconds of training."""
+    resume: bool = False
+    """Continue from the last checkpoint in `run_dir` (an error if there is none or it is corrupt)."""
+    checkpoint_every: int = 10
+    """Rounds between checkpoints (one is always written on exit)."""
+    eval_every: int = 10
+    """Rounds between held-out evaluations (also one at the end)."""
+    eval_batches: int = 4
+    join_timeout_s: float = 20.0
+    """How long a joiner tries to download the freshest member's state before starting on its own."""
+    name: str | None = None
+    """Label for logs and the progress line (default: the peer id's prefix)."""
+    quiet: bool = False
+    """No progress lines on stderr."""
+
+
+class _StopFlag:
+    """Set by SIGINT / SIGTERM; the loop checks it between inner steps."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def __call__(self, signum, _frame) -> None:
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.signum is None else 128 + self.signum
+
+
+def partner_state(snap, expected_numel: int) -> PartnerState:
+    """Turn a fetched snapshot into a mixable state, refusing one for a different model."""
+    t = snap.tensors
+    if "phi" not in t or t["phi"].numel() != expected_numel:
+        raise TransportError(f"snapshot from {snap.endpoint} does not fit this model "
+                             f"({t['phi'].numel() if 'phi' in t else 'no'} parameters, expected {expected_numel})")
+    flat = {k: v.reshape(-1) for k, v in t.items()}
+    return PartnerState(phi=flat["phi"], m=flat.get("m"), delta=flat.get("delta"), version=snap.version,
+                        tokens=snap.tokens, peer=str(snap.meta.get("peer_id", "")))
+
+
+class IslandRunner:
+    """Owns one island's pieces and runs its rounds; see the module docstring."""
+
+    def __init__(self, cfg: IslandConfig, model_cfg: ModelConfig, train: TrainConfig, diloco: DiLoCoConfig,
+                 network: NetworkConfig, discovery: DiscoveryConfig, data: str | None = None) -> None:
+        from p2p_diloco.transport import SnapshotServer
+
+        self.cfg, self.diloco, self.network = cfg, diloco, network
+        self.stop = _StopFlag()
+        self.corpus = load_corpus(data)
+        block = model_cfg.resolved()["block_size"]
+        torch.manual_seed(train.seed)  # same initial weights on every island of a run
+        model = build_model(model_cfg)
+        self.membership = open_membership(discovery)
+        self.peer_id = self.membership.peer_id
+        self.name = cfg.name or self.peer_id[:8]
+        data_seed = int.from_bytes(hashlib.sha256(self.peer_id.encode()).digest()[:4], "little")
+        self.island = Island(self.peer_id, model, train, diloco, BatchSampler(self.corpus.train, block, train.batch_size, data_seed))
+        self.evals = eval_batches(self.corpus.val, block, cfg.eval_batches, 16)
+        self.server = SnapshotServer(f"tcp://{cfg.bind_host}:{cfg.port}", network, announce_host=cfg.announce_host)
+        self.gossip = GossipWorker(network, timeout_s=network.fetch_timeout_s)
+        self.chooser = PartnerChooser(self.peer_id, diloco.max_staleness, rng=random.Random(data_seed))
+        self.metrics = MetricsLog(cfg.run_dir)
+        self.started_at = time.time()
+        self.round = 0
+        self.bytes_in = 0
+        self.inner_seconds = 0.0
+        self.initial_loss: float | None = None
+        self.eval_loss: float | None = None
+        self.last_partner: str | None = None
+        self.state = "joining"
+
+    # -- records ---------------------------------------------------------------------------------
+    def record(self, tokens_per_s: float = 0.0) -> IslandRecord:
+        s = self.island.state
+        stats = self.server.stats()
+        return IslandRecord(peer_id=self.peer_id, endpoint=self.server.endpoint, version=s.version, tokens=s.tokens,
+                            tokens_per_s=tokens_per_s, loss=self.island.last_loss, eval_loss=self.eval_loss,
+                            state=self.state, upload_bps=stats["upload_bytes_per_s"],
+                            download_bps=self._download_bps, bytes_sent=stats["bytes_sent"],
+                            bytes_received=self.bytes_in, last_partner=self.last_partner,
+                            started_at=self.started_at, timestamp=time.time())
+
+    _download_bps = 0.0
+
+    def publish(self) -> None:
+        s = self.island.state
+        tensors = {"phi": s.phi}
+        if self.diloco.momentum == "mixed":
+            tensors["m"] = s.m
+        if self.diloco.mix_pseudo_gradient:
+            tensors["delta"] = s.delta
+        self.server.publish(tensors, s.version, s.tokens, meta={"peer_id": self.peer_id})
+
+    # -- start: resume, or join from the freshest member -------------------------------------------
+    def resume(self) -> None:
+        path = checkpoint.latest(self.cfg.run_dir / "checkpoints")
+        if path is None:
+            from p2p_diloco.errors import CheckpointError
+
+            raise CheckpointError(f"--resume given but {self.cfg.run_dir / 'checkpoints'} holds no checkpoint")
+        ck = checkpoint.load(path)
+        isl, t, meta = self.island, ck.tensors, ck.meta
+        if t["phi"].numel() != isl.state.phi.numel():
+            from p2p_diloco.errors import CheckpointError
+
+            raise CheckpointError(f"checkpoint {path} is for a model of {t['phi'].numel()} parameters, not {isl.state.phi.numel()}")
+        isl.state.phi, isl.state.m, isl.state.delta = t["phi"].clone(), t["m"].clone(), t["delta"].clone()
+        isl.state.version, isl.state.tokens = int(meta["version"]), int(meta["tokens"])
+        isl.inner.optimizer.load_state_dict(_optimizer_state(isl.inner.optimizer, t, meta))
+        isl.inner.step = int(meta["inner_step"])
+        isl.sampler.set_state(t["sampler_state"])
+        self.round = int(meta["round"])
+        isl.begin_round()
+        log.info("resumed from %s at version %d, round %d", path.name, isl.state.version, self.round)
+
+    def join(self) -> None:
+        """Start from the freshest member's state if the run is already going."""
+        deadline = time.monotonic() + self.cfg.join_timeout_s
+        settle = time.monotonic() + min(5.0, self.cfg.join_timeout_s)
+        while time.monotonic() < settle and len(self.membership.members()) < 2 and not self.stop.signum:
+            time.sleep(0.2)  # give discovery a moment to show who is already there
+        tried: set[str] = set()
+        while time.monotonic() < deadline and not self.stop.signum:
+            others = {p: r for p, r in self.membership.members().items() if p != self.peer_id and p not in tried
+                      and r.state in ("training", "syncing")}
+            if not others:
+                return  # nobody trains yet: this island starts the run (all islands share the init seed)
+            best = max(others.values(), key=lambda r: (r.version, r.tokens))
+            if best.version <= self.island.state.version:
+                return
+            self.state = "syncing"
+            tried.add(best.peer_id)
+            from p2p_diloco.fetcher import fetch
+
+            try:
+                snap = fetch(best.endpoint, self.network, timeout=min(self.network.fetch_timeout_s, deadline - time.monotonic()))
+                self.island.adopt(partner_state(snap, self.island.state.phi.numel()))
+                self.bytes_in += snap.nbytes
+                log.info("joined from %s at version %d (%d bytes in %.1f s)", best.peer_id[:8], snap.version,
+                         snap.nbytes, snap.seconds)
+                return
+            except TransportError as e:
+                log.info("could not download the state of %s: %s; trying another member", best.peer_id[:8], e)
+        log.warning("no member's state could be downloaded; starting from the initial weights")
+
+    # -- rounds ----------------------------------------------------------------------------------
+    def _start_fetch(self) -> None:
+        if self.gossip.busy:
+            return
+        partner = self.chooser.choose(self.membership.members(), self.island.state.version)
+        if partner is not None:
+            self.gossip.start(partner)
+
+    def _take_partner(self) -> tuple[list[PartnerState], dict]:
+        result = self.gossip.take()
+        if result is None:
+            return [], {"partner": None, "fetch_s": None, "bytes_in": 0}
+        info = {"partner": result.peer_id, "fetch_s": round(result.seconds, 3), "bytes_in": result.nbytes}
+        if result.snapshot is None:
+            self.chooser.failed(result.peer_id)
+            info["fetch_error"] = result.error
+            return [], info
+        self.chooser.succeeded(result.peer_id, result.nbytes, result.seconds)
+        self.bytes_in += result.nbytes
+        self._download_bps = result.nbytes / max(result.seconds, 1e-6)
+        try:
+            return [partner_state(result.snapshot, self.island.state.phi.numel())], info
+        except TransportError as e:
+            log.info("%s", e)
+            self.chooser.failed(result.peer_id)
+            info["fetch_error"] = str(e)
+            return [], info
+
+    def _done(self) -> bool:
+        c = self.cfg
+        return bool(self.stop.signum
+                    or (c.max_rounds is not None and self.round >= c.max_rounds)
+                    or (c.max_tokens is not None and self._own_tokens >= c.max_tokens)
+                    or (c.max_seconds is not None and time.monotonic() - self._t0 >= c.max_seconds))
+
+    def train(self) -> int:
+        """Run rounds until a limit or a signal; returns the process exit code."""
+        isl, H = self.island, self.diloco.local_steps
+        self._own_tokens = 0
+        self.initial_loss = evaluate(isl.model, self.evals)
+        self.state = "training"
+        self.publish()
+        self.membership.announce(self.record())
+        self._t0 = time.monotonic()  # utilization counts from the first inner step
+        while not self._done():
+            self._start_fetch()
+            round_start = time.monotonic()
+            isl.round_steps = 0
+            while isl.round_steps < H and not self.stop.signum:
+                isl.inner_step()
+                if self.diloco.round_seconds and time.monotonic() - round_start >= self.diloco.round_seconds:
+                    break
+            compute_s = time.monotonic() - round_start
+            self.inner_seconds += compute_s
+            steps = isl.round_steps
+            if steps == 0:
+                break
+            partners, info = self._take_partner()
+            weights = isl.end_round(partners)
+            self.round += 1
+            self._own_tokens += steps * isl.tokens_per_step
+            if self.round == 1 and self.cfg.max_seconds and not (self.cfg.max_tokens or self.cfg.max_rounds):
+                # a time-bounded island sizes its cosine schedule from the speed of its first round
+                total = max(1, int(steps / max(compute_s, 1e-6) * self.cfg.max_seconds))
+                isl.inner.cfg = dataclasses.replace(isl.inner.cfg, total_steps=total)
+            if self.round % self.cfg.eval_every == 0:
+                self.eval_loss = evaluate(isl.model, self.evals)
+            self.publish()
+            tps = steps * isl.tokens_per_step / max(compute_s, 1e-6)
+            self.last_partner = info["partner"] if weights and weights[0] > 0 else self.last_partner
+            self.membership.announce(self.record(tps))
+            row = {"round": self.round, "version": isl.state.version, "tokens": isl.state.tokens,
+                   "own_tokens": self._own_tokens, "steps": steps, "loss": isl.last_loss,
+                   "eval_loss": self.eval_loss if self.round % self.cfg.eval_every == 0 else None,
+                   "tokens_per_s": tps, "bytes_out": self.server.stats()["bytes_sent"], "weight": weights[0] if weights else None,
+                   "staleness": (isl.state.version - 1 - partners[0].version) if partners else None,
+                   "inner_s": round(compute_s, 3), "wall_s": round(time.monotonic() - self._t0, 3),
+                   "utilization": self.inner_seconds / max(time.monotonic() - self._t0, 1e-6), **info}
+            self.metrics.write(row)
+            if not self.cfg.quiet:
+                progress_line(self.name, row)
+            if self.round % self.cfg.checkpoint_every == 0:
+                self.save_checkpoint()
+        return self.stop.exit_code
+
+    def finish(self) -> dict:
+        """Leave cleanly: abandon the fetch, checkpoint, evaluate, remove the record, close sockets."""
+        self.state = "leaving"
+        self.gossip.close(timeout=1.0)
+        self.save_checkpoint()
+        final_eval = evaluate(self.island.model, self.evals)
+        summary = {"peer_id": self.peer_id, "name": self.name, "initial_loss": self.initial_loss, "eval_loss": final_eval,
+                   "version": self.island.state.version, "tokens": self._own_tokens if hasattr(self, "_own_tokens") else 0,
+                   "rounds": self.round, "utilization": self.inner_seconds / max(time.monotonic() - getattr(self, "_t0", time.monotonic()), 1e-6),
+                   "bytes_in": self.bytes_in, "bytes_out": self.server.stats()["bytes_sent"]}
+        self.metrics.write({"summary": summary})
+        for step in (self.membership.leave, self.membership.shutdown, self.server.close, self.metrics.close):
+            try:
+                step()
+            except Exception:  # leaving must not fail half-way: each step is independent
+                log.exception("while leaving: %s failed", getattr(step, "__name__", step))
+        return summary
+
+    def save_checkpoint(self) -> Path:
+        isl = self.island
+        tensors = {"phi": isl.state.phi, "m": isl.state.m, "delta": isl.state.delta,
+                   "sampler_state": isl.sampler.state()}
+        opt_meta = {}
+        for i, p in enumerate(p for g in isl.inner.optimizer.param_groups for p in g["params"]):
+            st = isl.inner.optimizer.state.get(p)
+            if st:
+                tensors[f"opt.{i}.exp_avg"], tensors[f"opt.{i}.exp_avg_sq"] = st["exp_avg"], st["exp_avg_sq"]
+                opt_meta[str(i)] = float(st["step"])
+        meta = {"version": isl.state.version, "tokens": isl.state.tokens, "round": self.round,
+                "inner_step": isl.inner.step, "opt_steps": opt_meta, "peer_id": self.peer_id}
+        return checkpoint.save(self.cfg.run_dir / "checkpoints", tensors, meta)
+
+
+def _optimizer_state(optimizer: torch.optim.Optimizer, tensors: dict, meta: dict) -> dict:
+    """Rebuild an AdamW state dict from the flat tensors a checkpoint stores."""
+    sd = optimizer.state_dict()
+    state = {}
+    for i in range(sum(len(g["params"]) for g in optimizer.param_groups)):
+        if str(i) in meta["opt_steps"]:
+            state[i] = {"step": torch.tensor(meta["opt_steps"][str(i)]), "exp_avg": tensors[f"opt.{i}.exp_avg"].clone(),
+                        "exp_avg_sq": tensors[f"opt.{i}.exp_avg_sq"].clone()}
+    return {"state": state, "param_groups": sd["param_groups"]}
+
+
+def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train: TrainConfig, diloco: DiLoCoConfig,
+               network: NetworkConfig, discovery: DiscoveryConfig, data: str | None = None) -> tuple[int, dict]:
+    """Run one island until a limit or a signal. Returns (exit code, summary)."""
+    runner = IslandRunner(cfg, model_cfg, train, diloco, network, discovery, data)
+    previous = {sig: signal.signal(sig, runner.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if cfg.resume:
+            runner.resume()
+        else:
+            runner.join()
+        code = runner.train()
+    finally:
+        summary = runner.finish()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code, summary
