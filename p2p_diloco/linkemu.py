@@ -1,13 +1,18 @@
 """Pacing of outgoing messages: WAN link emulation on loopback, and the real upload cap.
 
 Kernel netem is not always available, so the transport emulates a link itself. Every message a
-process sends goes through one `Pacer`: it leaves once the link has serialized it at the link's
-rate (a token bucket one message deep: each message occupies the link for `nbytes / rate`, back to
-back) and arrives `latency_ms` later (one-way propagation delay). A server's `max_upload_mbps` is
-the same bucket with a real purpose; when both are set the slower rate wins. With neither, the
-pacer is inactive and the transport sends at once.
+process sends goes through one `Pacer`, a model of its uplink in two stages:
 
-The pacer only computes due times and holds messages; the socket loop that owns it sends them.
+1. the queue: messages wait for the link, one FIFO per flow (per peer), served round robin so one
+   big download cannot starve a peer that only wants a manifest;
+2. the wire: the link serializes one message at a time at `bytes_per_s` (a token bucket one
+   message deep), and the message arrives `latency_ms` after its last byte left (one-way delay).
+
+A message still in the queue has cost nothing, so `drop(flow)` removes a vanished peer's backlog
+without wasting link time on it. A server's `max_upload_mbps` is the same link with a real
+purpose; when both are set the slower rate wins. With neither, the pacer is inactive and the
+transport sends at once. The pacer only computes times and holds messages; the socket loop that
+owns it sends what `pop_due()` releases.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Callable
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable
 from typing import Any
 
 
@@ -26,7 +32,7 @@ def link_rate(bandwidth_mbps: float | None, max_upload_mbps: float | None) -> fl
 
 
 class Pacer:
-    """Holds outgoing messages until the emulated link would have delivered them, in FIFO order."""
+    """Holds outgoing messages until the emulated link would have delivered them."""
 
     def __init__(self, latency_ms: float = 0.0, bytes_per_s: float | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -34,38 +40,81 @@ class Pacer:
         self.latency_s = latency_ms / 1000.0
         self.bytes_per_s = bytes_per_s
         self._clock = clock
-        self._free_at = 0.0  # when the link finishes serializing what it already holds
-        self._heap: list[tuple[float, int, Any]] = []
+        self._free_at = -float("inf")  # when the link finishes the message it is serializing
+        self._queues: OrderedDict[Hashable, deque[tuple[float, int, Any]]] = OrderedDict()  # flow -> waiting
+        self._wire: list[tuple[float, int, Hashable, Any]] = []  # heap of (arrival, seq, flow, item)
         self._seq = itertools.count()
+        self._held: dict[Hashable, int] = {}
 
     @property
     def active(self) -> bool:
         return self.latency_s > 0 or self.bytes_per_s is not None
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return sum(self._held.values())
 
-    def schedule(self, nbytes: int, item: Any) -> float:
-        """Queue `item` (a message of `nbytes`) and return when it is due to be handed to the socket."""
+    def held(self, flow: Hashable) -> int:
+        """Messages of `flow` not yet released (queued or on the wire)."""
+        return self._held.get(flow, 0)
+
+    def schedule(self, nbytes: int, item: Any, flow: Hashable = None) -> None:
+        """Hand a message of `nbytes` to the link now; `pop_due` releases it when it has arrived."""
         now = self._clock()
-        leave = now
-        if self.bytes_per_s is not None:
-            self._free_at = max(now, self._free_at) + nbytes / self.bytes_per_s
-            leave = self._free_at
-        due = leave + self.latency_s
-        heapq.heappush(self._heap, (due, next(self._seq), item))
-        return due
+        self._held[flow] = self._held.get(flow, 0) + 1
+        if self.bytes_per_s is None:
+            heapq.heappush(self._wire, (now + self.latency_s, next(self._seq), flow, item))
+            return
+        self._queues.setdefault(flow, deque()).append((now, nbytes, item))
+        self._serialize(now)
+
+    def _serialize(self, now: float) -> None:
+        """Put queued messages on the wire, round robin over flows, while the link is free by `now`."""
+        while self._queues:
+            flow, queue = next(iter(self._queues.items()))
+            enqueued, nbytes, item = queue[0]
+            start = max(self._free_at, enqueued)
+            if start > now:
+                return
+            queue.popleft()
+            self._queues.move_to_end(flow)
+            if not queue:
+                del self._queues[flow]
+            self._free_at = start + nbytes / self.bytes_per_s
+            heapq.heappush(self._wire, (self._free_at + self.latency_s, next(self._seq), flow, item))
 
     def next_due(self) -> float | None:
-        return self._heap[0][0] if self._heap else None
+        """The next moment something changes: a message arrives or the link frees up."""
+        times = [self._wire[0][0]] if self._wire else []
+        if self._queues:
+            first = next(iter(self._queues.values()))[0][0]
+            times.append(max(self._free_at, first))
+        return min(times) if times else None
 
     def pop_due(self, now: float | None = None) -> list[Any]:
-        """Remove and return every held message whose time has come, oldest first."""
+        """Remove and return every message that has arrived by `now`, in arrival order."""
         now = self._clock() if now is None else now
+        if self._queues:
+            self._serialize(now)
         out = []
-        while self._heap and self._heap[0][0] <= now:
-            out.append(heapq.heappop(self._heap)[2])
+        while self._wire and self._wire[0][0] <= now:
+            _, _, flow, item = heapq.heappop(self._wire)
+            self._release(flow)
+            out.append(item)
         return out
 
+    def drop(self, flow: Hashable) -> int:
+        """Forget `flow`'s messages still waiting for the link (a peer that left); return how many."""
+        queue = self._queues.pop(flow, ())
+        for _ in queue:
+            self._release(flow)
+        return len(queue)
+
     def clear(self) -> None:
-        self._heap.clear()
+        self._queues.clear()
+        self._wire.clear()
+        self._held.clear()
+
+    def _release(self, flow: Hashable) -> None:
+        self._held[flow] -= 1
+        if not self._held[flow]:
+            del self._held[flow]

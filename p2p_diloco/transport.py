@@ -131,7 +131,7 @@ class SnapshotServer:
         self._snapshots: dict[int, _Published] = {}  # sid -> snapshot, oldest first
         self._latest: _Published | None = None
         self._pacer = Pacer(self.config.latency_ms, link_rate(self.config.bandwidth_mbps, self.config.max_upload_mbps))
-        self._pending: dict[bytes, int] = {}  # peer identity -> replies held by the pacer
+        self._peers_by_fd: dict[int, set[bytes]] = {}  # connection -> peer identities (to drop backlogs)
         self._stats = {"requests": 0, "manifests_served": 0, "chunks_served": 0, "bytes_sent": 0,
                        "payload_bytes_sent": 0, "auth_refused": 0, "rejected": {}}
         self._sent_log: deque[tuple[float, int]] = deque(maxlen=4096)
@@ -150,7 +150,7 @@ class SnapshotServer:
                 self._sock.curve_secretkey = keys.server_secret
                 self._sock.curve_publickey = keys.server_public
                 self._sock.zap_domain = ZAP_DOMAIN.encode()
-            self._monitor = self._sock.get_monitor_socket(HANDSHAKE_FAILED)
+            self._monitor = self._sock.get_monitor_socket(HANDSHAKE_FAILED | zmq.EVENT_DISCONNECTED)
             self._sock.bind(tcp_bind_address(bind))
         except zmq.ZMQError as e:
             self._teardown()
@@ -239,9 +239,6 @@ class SnapshotServer:
                     self._drain_monitor()
                 if len(self._pacer):
                     for ident, frames, nbytes in self._pacer.pop_due():
-                        self._pending[ident] -= 1
-                        if not self._pending[ident]:
-                            del self._pending[ident]
                         self._send(ident, frames, nbytes)
         except zmq.ZMQError as e:  # the context went away under us: nothing left to serve
             if not self._stop.is_set():
@@ -255,7 +252,11 @@ class SnapshotServer:
                 ev = recv_monitor_message(self._monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if ev["event"] & HANDSHAKE_FAILED:
+            if ev["event"] == zmq.EVENT_DISCONNECTED:  # drop what the pacer still holds for that peer
+                dropped = sum(self._pacer.drop(ident) for ident in self._peers_by_fd.pop(ev["value"], ()))
+                if dropped:
+                    log.info("a peer left: dropped %d replies queued for it", dropped)
+            elif ev["event"] & HANDSHAKE_FAILED:
                 self._refused(f"security handshake failed ({zmq.Event(ev['event']).name}, code {ev['value']})")
 
     def _refused(self, reason: str) -> None:
@@ -267,8 +268,7 @@ class SnapshotServer:
         frames = wire.encode(msg)
         nbytes = sum(memoryview(f).nbytes for f in frames)
         if self._pacer.active:
-            self._pending[ident] = self._pending.get(ident, 0) + 1
-            self._pacer.schedule(nbytes, (ident, frames, nbytes))
+            self._pacer.schedule(nbytes, (ident, frames, nbytes), flow=ident)
         else:
             self._send(ident, frames, nbytes)
 
@@ -295,10 +295,14 @@ class SnapshotServer:
         ident = frames[0].bytes
         with self._lock:
             self._stats["requests"] += 1
-        try:
-            peer = frames[1].get("Peer-Address") if len(frames) > 1 else "?"
-        except zmq.ZMQError:
-            peer = "?"
+        peer = "?"
+        if len(frames) > 1:
+            try:
+                peer = frames[1].get("Peer-Address")
+                if self._pacer.active:
+                    self._peers_by_fd.setdefault(frames[1].get(zmq.SRCFD), set()).add(ident)
+            except zmq.ZMQError:
+                pass
         try:
             req = wire.decode_request(frames[1:])
         except ProtocolMismatch as e:
@@ -309,7 +313,7 @@ class SnapshotServer:
         except ProtocolError as e:
             self._error(ident, 0, "bad_request", str(e), peer)
             return
-        if self._pending.get(ident, 0) >= wire.MAX_INFLIGHT:
+        if self._pacer.held(ident) >= wire.MAX_INFLIGHT + 8:  # slack for the manifest and errors
             self._error(ident, req.rid, "busy", f"more than {wire.MAX_INFLIGHT} requests outstanding", peer)
         elif isinstance(req, wire.Hello):
             self._hello(ident, req, peer)

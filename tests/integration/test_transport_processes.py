@@ -1,0 +1,159 @@
+"""The transport between real processes on 127.0.0.1: faults, races, secrets and memory.
+
+The server runs in a child process (`transport_peer.py serve`); the test process fetches, or a
+second child does. Faults are injected with signals: SIGKILL mid-transfer on either side, SIGSTOP
+for a stalled server. Slow transfers come from the transport's own link emulation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from p2p_diloco.config import NetworkConfig
+from p2p_diloco.errors import AuthRefused, ConnectionLost, TransportError, TransportTimeout, VersionGone
+from p2p_diloco.transport import fetch, fetch_manifest
+from transport_peer import make_state
+
+PEER = str(Path(__file__).with_name("transport_peer.py"))
+pytestmark = pytest.mark.timeout(120)
+
+
+class Peer:
+    """A child process speaking JSON lines."""
+
+    def __init__(self, procs, *args: str) -> None:
+        self.proc = procs.python(PEER, *args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self._lines.put(json.loads(line))
+
+    def next(self, timeout: float = 60.0) -> dict:
+        return self._lines.get(timeout=timeout)
+
+    def cmd(self, line: str) -> dict:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self.next()
+
+
+def serve(procs, *args: str) -> tuple[Peer, str]:
+    peer = Peer(procs, "serve", *args)
+    return peer, peer.next()["endpoint"]
+
+
+def _fetch_in_thread(endpoint: str, cfg: NetworkConfig, timeout: float = 30.0):
+    box: dict = {}
+
+    def run():
+        try:
+            box["snap"] = fetch(endpoint, cfg, timeout=timeout)
+        except Exception as e:  # the test inspects what was raised
+            box["error"] = e
+        box["at"] = time.monotonic()
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, box
+
+
+def test_fetch_across_processes_returns_exactly_what_was_published(procs):
+    _, endpoint = serve(procs, "--numel", "300000", "--version", "4")
+    m = fetch_manifest(endpoint, timeout=30)
+    assert (m.version, m.tokens) == (4, 4000) and [t.name for t in m.tensors] == ["phi", "m"]
+    snap = fetch(endpoint, timeout=30)
+    for name, t in make_state(300_000, 4).items():
+        assert torch.equal(snap.tensors[name], t)
+
+
+def test_server_killed_mid_transfer_fails_the_fetch_fast_and_whole(procs):
+    # 6 MB over an emulated 20 Mbit/s link: about 2.4 s of transfer to interrupt
+    peer, endpoint = serve(procs, "--numel", "1000000", "--bandwidth-mbps", "20")
+    t, box = _fetch_in_thread(endpoint, NetworkConfig(), timeout=30)
+    time.sleep(0.8)
+    killed = time.monotonic()
+    os.kill(peer.proc.pid, signal.SIGKILL)
+    t.join(40)
+    assert "snap" not in box and isinstance(box["error"], ConnectionLost)
+    assert box["at"] - killed < 3.0  # noticed from the closed connection, not from a timeout
+
+
+def test_fetcher_killed_mid_transfer_leaves_the_server_serving(procs):
+    peer, endpoint = serve(procs, "--numel", "1000000", "--bandwidth-mbps", "20")
+    fetcher = Peer(procs, "fetch", endpoint)
+    assert fetcher.next()["event"] == "start"
+    time.sleep(1.0)  # the child is mid-transfer
+    os.kill(fetcher.proc.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    snap = fetch(endpoint, timeout=30)
+    assert torch.equal(snap.tensors["phi"], make_state(1_000_000, 1)["phi"])
+    # the dead fetcher's queued chunks were dropped, not sent into the void at 20 Mbit/s first
+    assert time.monotonic() - t0 < 2.4 + 3.0
+    assert peer.cmd("stats")["manifests_served"] == 2
+
+
+def test_stalled_server_times_out(procs):
+    peer, endpoint = serve(procs, "--numel", "1000000", "--bandwidth-mbps", "40")
+    t, box = _fetch_in_thread(endpoint, NetworkConfig(), timeout=1.0)
+    time.sleep(0.5)
+    os.kill(peer.proc.pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    t.join(30)
+    os.kill(peer.proc.pid, signal.SIGCONT)
+    assert isinstance(box["error"], TransportTimeout) and "middle of a transfer" in str(box["error"])
+    assert 0.9 <= box["at"] - stopped < 4.0
+
+
+@pytest.mark.parametrize("retain", [2, 1])
+def test_publish_while_fetching_gives_the_old_version_whole_or_version_gone(procs, retain):
+    # 15 MB at an emulated 60 Mbit/s: 2 s, longer than the first window (8 MiB) takes
+    peer, endpoint = serve(procs, "--numel", "2500000", "--bandwidth-mbps", "60", "--retain", str(retain))
+    t, box = _fetch_in_thread(endpoint, NetworkConfig(), timeout=30)
+    time.sleep(0.7)
+    assert peer.cmd("publish 2") == {"published": 2}
+    t.join(60)
+    if retain == 2:  # the old snapshot is still served: the fetch completes with version 1, whole
+        assert box["snap"].version == 1
+        for name, tensor in make_state(2_500_000, 1).items():
+            assert torch.equal(box["snap"].tensors[name], tensor)
+    else:
+        err = box["error"]
+        assert isinstance(err, VersionGone) and (err.version, err.current) == (1, 2)
+    assert fetch(endpoint, timeout=30).version == 2
+
+
+def test_client_without_the_secret_is_refused(procs):
+    peer, endpoint = serve(procs, "--secret", "swarm-7f3a")
+    for cfg in (NetworkConfig(), NetworkConfig(secret="not-the-secret")):
+        with pytest.raises(AuthRefused):
+            fetch(endpoint, cfg, timeout=10)
+        with pytest.raises(AuthRefused):
+            fetch_manifest(endpoint, cfg, timeout=10)
+    snap = fetch(endpoint, NetworkConfig(secret="swarm-7f3a"), timeout=30)
+    assert torch.equal(snap.tensors["m"], make_state(100_000, 1)["m"])
+    stats = peer.cmd("stats")
+    assert stats["auth_refused"] >= 4 and stats["manifests_served"] == 1  # nothing reached the protocol
+
+
+def test_fetcher_peak_memory_is_the_state_plus_the_window(procs):
+    _, endpoint = serve(procs, "--numel", "10000000")  # 60 MB of fp32 state
+    out = subprocess.run([sys.executable, "-m", "p2p_diloco.bench_transport", "memory", endpoint],
+                         capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stderr
+    mem = json.loads(out.stdout)
+    assert mem["state_bytes"] == 60_000_000
+    slack = 24 * 2**20  # allocator arenas and interpreter noise
+    assert mem["state_bytes"] * 0.9 <= mem["peak_extra_bytes"] <= mem["state_bytes"] + mem["peak_window_bytes"] + slack

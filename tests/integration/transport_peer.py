@@ -1,0 +1,87 @@
+"""A snapshot server or fetcher in its own process, for the multi-process transport tests.
+
+    serve [--numel N --version V --codec C --latency-ms L --bandwidth-mbps B --secret S --retain R]
+        prints {"endpoint": ...} once serving, then obeys stdin lines and answers each with one
+        JSON line: `publish V` (publish state V), `stats` (server stats plus this process's RSS).
+        Exits when stdin closes.
+    fetch ENDPOINT [--secret S --timeout T]
+        prints {"event": "start"}, fetches, prints {"event": "done", "version": ..., "ok": ...}.
+
+`make_state(numel, version)` is the deterministic state both sides can rebuild to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+
+def make_state(numel: int, version: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(version)
+    return {"phi": torch.randn(numel, generator=g), "m": torch.randn(numel // 2, generator=g)}
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def emit(**fields) -> None:
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
+
+
+def serve(a: argparse.Namespace) -> None:
+    from p2p_diloco.config import NetworkConfig
+    from p2p_diloco.transport import SnapshotServer
+
+    cfg = NetworkConfig(compression=a.codec, latency_ms=a.latency_ms, bandwidth_mbps=a.bandwidth_mbps,
+                        secret=a.secret, retain_snapshots=a.retain)
+    with SnapshotServer(config=cfg) as srv:
+        srv.publish(make_state(a.numel, a.version), version=a.version, tokens=a.version * 1000)
+        emit(endpoint=srv.endpoint)
+        for line in sys.stdin:
+            cmd = line.split()
+            if cmd[:1] == ["publish"]:
+                v = int(cmd[1])
+                srv.publish(make_state(a.numel, v), version=v, tokens=v * 1000)
+                emit(published=v)
+            elif cmd[:1] == ["stats"]:
+                emit(**srv.stats(), rss=rss_bytes())
+
+
+def fetch_once(a: argparse.Namespace) -> None:
+    from p2p_diloco.config import NetworkConfig
+    from p2p_diloco.transport import fetch
+
+    emit(event="start")
+    snap = fetch(a.endpoint, NetworkConfig(secret=a.secret), timeout=a.timeout)
+    emit(event="done", version=snap.version, nbytes=snap.nbytes)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve")
+    s.add_argument("--numel", type=int, default=100_000)
+    s.add_argument("--version", type=int, default=1)
+    s.add_argument("--codec", default="fp32")
+    s.add_argument("--latency-ms", type=float, default=0.0)
+    s.add_argument("--bandwidth-mbps", type=float, default=None)
+    s.add_argument("--secret", default=None)
+    s.add_argument("--retain", type=int, default=2)
+    f = sub.add_parser("fetch")
+    f.add_argument("endpoint")
+    f.add_argument("--secret", default=None)
+    f.add_argument("--timeout", type=float, default=30.0)
+    a = p.parse_args()
+    serve(a) if a.cmd == "serve" else fetch_once(a)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Link emulation (pacer), bandwidth-aware window sizing, and the network section of the config."""
+
+from __future__ import annotations
+
+import pytest
+
+from p2p_diloco import flowcontrol
+from p2p_diloco.config import NetworkConfig
+from p2p_diloco.errors import ConfigError
+from p2p_diloco.linkemu import Pacer, link_rate
+
+MiB = 1 << 20
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_pacer_serializes_at_the_link_rate_then_adds_the_one_way_delay():
+    clock = Clock()
+    p = Pacer(latency_ms=100, bytes_per_s=125e6, clock=clock)  # 1 Gbit/s
+    assert p.active
+    for i in range(3):
+        p.schedule(MiB, i)
+    serial = MiB / 125e6
+    arrivals = [100 + k * serial + 0.1 for k in (1, 2, 3)]
+    assert p.next_due() == pytest.approx(100 + serial)  # the link frees up: the next message starts
+    clock.t = arrivals[0] - 1e-6
+    assert p.pop_due() == []
+    clock.t = arrivals[1] + 1e-9
+    assert p.pop_due() == [0, 1] and len(p) == 1
+    clock.t = 200.0  # the link went idle: the next message starts now, not in the past
+    p.schedule(10, "late")
+    clock.t = 200 + 10 / 125e6 + 0.1
+    assert p.pop_due() == [2, "late"] and len(p) == 0 and p.next_due() is None
+
+
+def test_pacer_serves_flows_round_robin_and_drops_a_flow_backlog_for_free():
+    clock = Clock()
+    p = Pacer(bytes_per_s=1e6, clock=clock)  # 1 MB/s: a 100 kB message takes 0.1 s
+    for i in range(5):
+        p.schedule(100_000, ("big", i), flow="big")
+    p.schedule(1_000, ("small", 0), flow="small")
+    clock.t += 0.101
+    assert p.pop_due() == [("big", 0)]
+    clock.t = 100.2011  # big 1 arrived; small 0 took the next turn, before big 2
+    assert p.pop_due() == [("big", 1), ("small", 0)] and p.held("big") == 3
+    assert p.drop("big") == 2  # big 2 is already on the wire; 3 and 4 never cost link time
+    clock.t += 1.0
+    assert p.pop_due() == [("big", 2)] and len(p) == 0
+
+
+def test_pacer_with_latency_only_keeps_order_and_inactive_pacer_holds_nothing():
+    clock = Clock()
+    p = Pacer(latency_ms=20, clock=clock)
+    for i in range(5):
+        p.schedule(10**6, i)
+        clock.t += 0.001
+    clock.t += 1
+    assert p.pop_due() == [0, 1, 2, 3, 4]
+    assert not Pacer().active
+
+
+def test_link_rate_takes_the_slower_of_emulation_and_cap():
+    assert link_rate(None, None) is None
+    assert link_rate(1000, None) == 125e6
+    assert link_rate(1000, 80) == 10e6
+
+
+def _controller(**kw):
+    args = dict(min_chunk=64 * 1024, max_chunk=8 * MiB, initial_window=8 * MiB, max_window=64 * MiB)
+    args.update(kw)
+    return flowcontrol.WindowController(**args)
+
+
+def test_window_starts_at_the_initial_value_then_follows_twice_the_bdp():
+    c = _controller()
+    block = 64 * 1024
+    assert c.window_bytes(block) == 8 * MiB and c.chunk_bytes(block) == MiB
+    c.on_rtt(0.2)
+    t = 0.0
+    for _ in range(20):  # 1 MiB chunks arriving back to back at 125 MB/s
+        t += MiB / 125e6
+        c.on_delivery(MiB, t)
+    assert c.bandwidth == pytest.approx(125e6, rel=1e-6)
+    assert c.window_bytes(block) == pytest.approx(2 * 125e6 * 0.2, rel=1e-6)  # 2 x BDP = 50 MB
+    assert c.chunk_bytes(block) == MiB // 2  # 125 MB/s x 8 ms = 1 MB, rounded down to a power of two
+
+
+def test_window_and_chunk_stay_within_bounds():
+    block = 64 * 1024
+    fast = _controller(prior=flowcontrol.LinkEstimate(rtt_s=1.0, bytes_per_s=10e9))
+    assert fast.chunk_bytes(block) == 8 * MiB and fast.window_bytes(block) == 64 * MiB
+    slow = _controller(prior=flowcontrol.LinkEstimate(rtt_s=0.0001, bytes_per_s=1e5))
+    assert slow.chunk_bytes(block) == 64 * 1024 and slow.window_bytes(block) == 3 * 64 * 1024
+    big_block = _controller(prior=flowcontrol.LinkEstimate(rtt_s=0.0001, bytes_per_s=1e5))
+    assert big_block.chunk_bytes(256 * 1024) == 256 * 1024  # never below the manifest's block
+
+
+def test_estimates_are_remembered_per_endpoint():
+    flowcontrol.remember("tcp://127.0.0.1:1", flowcontrol.LinkEstimate(rtt_s=0.1, bytes_per_s=5e6))
+    flowcontrol.remember("tcp://127.0.0.1:2", None)
+    assert flowcontrol.remembered("tcp://127.0.0.1:1").bytes_per_s == 5e6
+    assert flowcontrol.remembered("tcp://127.0.0.1:2") is None
+
+
+@pytest.mark.parametrize("field, value", [
+    ("compression", "zip"), ("min_chunk_bytes", 1024), ("max_chunk_bytes", 16 * MiB), ("max_chunk_bytes", 1000),
+    ("initial_window_bytes", 1000), ("max_window_bytes", MiB), ("max_upload_mbps", 0), ("latency_ms", -1),
+    ("bandwidth_mbps", -5), ("secret", ""), ("fetch_timeout_s", 0), ("retain_snapshots", 0),
+])
+def test_network_config_names_the_bad_field(field, value):
+    with pytest.raises(ConfigError, match=f"network.{field}"):
+        NetworkConfig(**{field: value})
+
+
+def test_network_config_hides_the_secret():
+    assert "hunter2" not in repr(NetworkConfig(secret="hunter2"))

@@ -1,0 +1,138 @@
+"""Snapshot payloads: packing, chunk-by-chunk reassembly, and every check the receiver makes."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import blake3
+import pytest
+import torch
+
+from p2p_diloco import codecs, payload, wire
+from p2p_diloco.errors import BadPayload, ProtocolError
+
+CODECS = ["fp32", "bf16", "fp16", "int8"]
+
+
+def _state(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"phi": torch.randn(70_001, generator=g), "m": torch.randn(13, 257, generator=g),
+            "empty": torch.zeros(0), "one": torch.full((1,), 3.5)}
+
+
+def _chunks(m: wire.Manifest, rng: random.Random):
+    off = 0
+    while off < m.total:
+        n = min(m.total - off, m.block * rng.randint(1, 3))
+        yield off, n
+        off += n
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_chunked_reassembly_equals_the_codec_round_trip(codec):
+    state = _state()
+    m, buf = payload.pack(state, codec, version=7, tokens=99, meta={"a": 1})
+    assert (m.version, m.tokens, m.meta) == (7, 99, {"a": 1})
+    assert m.total == buf.numel() and all(t.offset % wire.ALIGN == 0 for t in m.tensors)
+    assert m.state_bytes == 4 * sum(t.numel() for t in state.values())
+    asm = payload.Assembler(m)
+    view = memoryview(buf.numpy())
+    for off, n in _chunks(m, random.Random(1)):
+        assert not asm.done
+        asm.accept(off, view[off : off + n])
+    out = asm.result()
+    for name, t in state.items():
+        assert out[name].shape == t.shape and out[name].dtype == torch.float32
+        expect = codecs.roundtrip(t.reshape(-1), codec).view(t.shape)
+        assert torch.equal(out[name], expect), name  # bit for bit what the simulator's codec gives
+
+
+def test_pack_copies_so_later_changes_do_not_leak():
+    t = torch.ones(1000)
+    m, buf = payload.pack({"phi": t}, "fp32", version=1, tokens=0)
+    t.fill_(5.0)
+    assert torch.equal(buf.view(torch.float32), torch.ones(1000))
+    assert payload.block_digests(memoryview(buf.numpy()), m.block) == m.digests
+
+
+@pytest.mark.parametrize("tensors, err", [
+    ({"phi": torch.tensor([1.0, float("nan")])}, BadPayload),
+    ({"phi": torch.tensor([float("inf")])}, BadPayload),
+    ({"phi": torch.ones(3, dtype=torch.float64)}, ProtocolError),
+    ({"": torch.ones(3)}, ProtocolError),
+    ({f"t{i}": torch.ones(1) for i in range(wire.MAX_TENSORS + 1)}, ProtocolError),
+])
+def test_pack_refuses_what_cannot_travel(tensors, err):
+    with pytest.raises(err):
+        payload.pack(tensors, "fp32", version=1, tokens=0)
+
+
+def _assemble(m, buf):
+    asm = payload.Assembler(m)
+    view = memoryview(buf.numpy())
+    for off in range(0, m.total, m.block):
+        asm.accept(off, view[off : off + min(m.block, m.total - off)])
+    return asm.result()
+
+
+def test_digest_mismatch_is_caught_and_located():
+    m, buf = payload.pack(_state(), "fp32", version=1, tokens=0)
+    buf[3 * m.block + 17] ^= 0xFF
+    with pytest.raises(BadPayload, match="digest mismatch in block 3"):
+        _assemble(m, buf)
+
+
+@pytest.mark.parametrize("codec, where", [("fp32", 5), ("bf16", 5), ("fp16", 5), ("int8", 0)])
+def test_non_finite_values_with_valid_digests_are_rejected(codec, where):
+    """A peer that publishes NaN under correct digests (a diverged island) is still refused."""
+    m, buf = payload.pack(_state(), codec, version=1, tokens=0)
+    spec = m.tensors[0]
+    width = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 4}[codec]  # int8: corrupt a scale
+    nan = torch.tensor([math.nan]).to({"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+                                       "int8": torch.float32}[codec]).view(torch.uint8)
+    start = spec.offset + where * width
+    buf[start : start + width] = nan
+    forged = wire.Manifest(**{**m.__dict__, "digests": payload.block_digests(memoryview(buf.numpy()), m.block)})
+    with pytest.raises(BadPayload, match="NaN or infinite"):
+        _assemble(forged, buf)
+
+
+def test_out_of_order_wrong_size_and_incomplete_chunks_are_rejected():
+    m, buf = payload.pack(_state(), "fp32", version=1, tokens=0)
+    view = memoryview(buf.numpy())
+    asm = payload.Assembler(m)
+    with pytest.raises(BadPayload, match="out of order"):
+        asm.accept(m.block, view[m.block : 2 * m.block])
+    with pytest.raises(BadPayload, match="blocks"):
+        asm.accept(0, view[: m.block - 4])
+    asm.accept(0, view[: m.block])
+    with pytest.raises(BadPayload, match="incomplete"):
+        asm.result()
+
+
+def test_all_finite_and_range_decoding_match_the_codec():
+    x = torch.randn(5000) * 100
+    assert codecs.all_finite(x) and codecs.all_finite(torch.zeros(0))
+    huge = torch.full((4,), 3e38)  # the sum overflows, yet every value is finite
+    assert codecs.all_finite(huge)
+    assert not codecs.all_finite(torch.tensor([1.0, math.inf])) and not codecs.all_finite(torch.tensor([math.nan]))
+    for codec in CODECS:
+        enc = codecs.encode(x, codec)
+        out = torch.empty(5000)
+        if codec == "int8":
+            nb = -(-5000 // codecs.INT8_BLOCK)
+            scales, body = enc[: 4 * nb].view(torch.float32), enc[4 * nb :]
+            for a, b in [(0, 300), (300, 301), (301, 4999), (4999, 5000)]:
+                codecs.decode_range_into(out, body[a:b], codec, a, scales=scales)
+        else:
+            w = 4 if codec == "fp32" else 2
+            for a, b in [(0, 300), (300, 4999), (4999, 5000)]:
+                codecs.decode_range_into(out, enc[a * w : b * w], codec, a)
+        assert torch.equal(out, codecs.decode(enc, 5000, codec)), codec
+
+
+def test_block_digests_are_blake3_of_each_block():
+    data = bytes(range(256)) * 1000
+    d = payload.block_digests(memoryview(data), 65536)
+    assert len(d) == 32 * 4 and d[32:64] == blake3.blake3(data[65536:131072]).digest()
