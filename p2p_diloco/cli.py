@@ -325,6 +325,8 @@ def network_options(f):
 @click.option("--name", default=None, help="Label for the progress line.")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 @click.option("--json", "as_json", is_flag=True, help="Print the island's summary as JSON at exit.")
+@click.option("--slowdown", type=click.FloatRange(min=1.0), default=1.0, hidden=True,
+              help="Fault injection: run this many times slower than the machine allows.")
 def join(**kw) -> None:
     """Start an island: find the swarm, train rounds, gossip with partners, checkpoint."""
     import dataclasses
@@ -354,9 +356,10 @@ def join(**kw) -> None:
         island = IslandConfig(run_dir=Path(kw["run_dir"]), bind_host=kw["host"], announce_host=kw["announce_host"],
                               port=kw["port"], max_tokens=kw["max_tokens"], max_rounds=kw["max_rounds"],
                               max_seconds=kw["max_seconds"], resume=kw["resume"], eval_every=kw["eval_every"],
-                              checkpoint_every=kw["checkpoint_every"], name=kw["name"], quiet=kw["quiet"])
+                              checkpoint_every=kw["checkpoint_every"], name=kw["name"], quiet=kw["quiet"],
+                              slowdown=kw["slowdown"])
         code, summary = run_island(island, model, train, diloco, network, discovery, data)
-    if as_json:
+    if as_json and summary:  # ranks other than 0 of a torchrun island have no summary
         click.echo(json.dumps(summary))
     sys.exit(code)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import math
 import random
@@ -36,6 +37,7 @@ from p2p_diloco.membership import IslandRecord, open_membership
 from p2p_diloco.model import build_model
 from p2p_diloco.outer import PartnerState
 from peers import checkpoint
+from peers.distributed import STEP, STOP, IntraIsland, follow
 from peers.gossip import GossipWorker
 from peers.metrics import MetricsLog, progress_line
 from peers.partners import PartnerChooser
@@ -74,6 +76,8 @@ class IslandConfig:
     """Label for logs and the progress line (default: the peer id's prefix)."""
     quiet: bool = False
     """No progress lines on stderr."""
+    slowdown: float = 1.0
+    """Fault injection: after each inner step, idle (slowdown - 1) times its duration, as a slower machine would."""
 
 
 class _StopFlag:
@@ -105,25 +109,31 @@ class IslandRunner:
     """Owns one island's pieces and runs its rounds; see the module docstring."""
 
     def __init__(self, cfg: IslandConfig, model_cfg: ModelConfig, train: TrainConfig, diloco: DiLoCoConfig,
-                 network: NetworkConfig, discovery: DiscoveryConfig, data: str | None = None) -> None:
+                 network: NetworkConfig, discovery: DiscoveryConfig, data: str | None = None,
+                 group: IntraIsland | None = None) -> None:
         from p2p_diloco.transport import SnapshotServer
 
-        self.cfg, self.diloco, self.network = cfg, diloco, network
+        self.cfg, self.diloco, self.network, self.group = cfg, diloco, network, group
         self.stop = _StopFlag()
         self.corpus = load_corpus(data)
         block = model_cfg.resolved()["block_size"]
-        torch.manual_seed(train.seed)  # same initial weights on every island of a run
-        model = build_model(model_cfg)
+        model = initial_model(model_cfg, train, group)
         self.membership = open_membership(discovery)
         self.peer_id = self.membership.peer_id
         self.name = cfg.name or self.peer_id[:8]
         data_seed = int.from_bytes(hashlib.sha256(self.peer_id.encode()).digest()[:4], "little")
+        if group is not None:  # every rank draws its own batches; rank 0 tells them its seed
+            data_seed = group.share_seed(data_seed)
         self.island = Island(self.peer_id, model, train, diloco, BatchSampler(self.corpus.train, block, train.batch_size, data_seed))
+        if group is not None:  # one step of the island is one step on every rank
+            self.island.tokens_per_step *= group.world
         self.evals = eval_batches(self.corpus.val, block, cfg.eval_batches, 16)
         self.server = SnapshotServer(f"tcp://{cfg.bind_host}:{cfg.port}", network, announce_host=cfg.announce_host)
         self.gossip = GossipWorker(network, timeout_s=network.fetch_timeout_s)
         self.chooser = PartnerChooser(self.peer_id, diloco.max_staleness, rng=random.Random(data_seed))
         self.metrics = MetricsLog(cfg.run_dir)
+        (cfg.run_dir / "island.json").write_text(json.dumps({"peer_id": self.peer_id, "name": self.name,
+                                                             "endpoint": self.server.endpoint}))
         self.started_at = time.time()
         self.round = 0
         self.bytes_in = 0
@@ -248,6 +258,8 @@ class IslandRunner:
         self._own_tokens = 0
         self.initial_loss = evaluate(isl.model, self.evals)
         self.state = "training"
+        if self.group is not None:  # the other ranks start from the anchor rank 0 joined or resumed with
+            self.group.share_anchor(isl.state.phi)
         self.publish()
         self.membership.announce(self.record())
         self._t0 = time.monotonic()  # utilization counts from the first inner step
@@ -256,7 +268,12 @@ class IslandRunner:
             round_start = time.monotonic()
             isl.round_steps = 0
             while isl.round_steps < H and not self.stop.signum:
+                if self.group is not None:
+                    self.group.command(STEP)
+                step_start = time.monotonic()
                 isl.inner_step()
+                if self.cfg.slowdown > 1:
+                    time.sleep((self.cfg.slowdown - 1) * (time.monotonic() - step_start))
                 if self.diloco.round_seconds and time.monotonic() - round_start >= self.diloco.round_seconds:
                     break
             compute_s = time.monotonic() - round_start
@@ -266,6 +283,8 @@ class IslandRunner:
                 break
             partners, info = self._take_partner()
             weights = isl.end_round(partners)
+            if self.group is not None:
+                self.group.share_anchor(isl.state.phi)
             self.round += 1
             self._own_tokens += steps * isl.tokens_per_step
             if self.round == 1 and self.cfg.max_seconds and not (self.cfg.max_tokens or self.cfg.max_rounds):
@@ -295,6 +314,8 @@ class IslandRunner:
     def finish(self) -> dict:
         """Leave cleanly: abandon the fetch, checkpoint, evaluate, remove the record, close sockets."""
         self.state = "leaving"
+        if self.group is not None:
+            self.group.command(STOP)
         self.gossip.close(timeout=1.0)
         self.save_checkpoint()
         final_eval = evaluate(self.island.model, self.evals)
@@ -339,7 +360,13 @@ def _optimizer_state(optimizer: torch.optim.Optimizer, tensors: dict, meta: dict
 def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train: TrainConfig, diloco: DiLoCoConfig,
                network: NetworkConfig, discovery: DiscoveryConfig, data: str | None = None) -> tuple[int, dict]:
     """Run one island until a limit or a signal. Returns (exit code, summary)."""
-    runner = IslandRunner(cfg, model_cfg, train, diloco, network, discovery, data)
+    group = IntraIsland.from_env()
+    if group is not None and group.rank > 0:
+        try:
+            return _run_follower(group, model_cfg, train, diloco, data), {}
+        finally:
+            group.close()
+    runner = IslandRunner(cfg, model_cfg, train, diloco, network, discovery, data, group)
     previous = {sig: signal.signal(sig, runner.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         if cfg.resume:
@@ -351,4 +378,22 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train: TrainConfig, di
         summary = runner.finish()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if group is not None:
+            group.close()
     return code, summary
+
+
+def initial_model(model_cfg: ModelConfig, train: TrainConfig, group: IntraIsland | None) -> torch.nn.Module:
+    """The run's initial weights (the same on every island: they share the seed), DDP-wrapped on torchrun."""
+    torch.manual_seed(train.seed)
+    model = build_model(model_cfg)
+    return group.wrap(model) if group is not None else model
+
+
+def _run_follower(group: IntraIsland, model_cfg: ModelConfig, train: TrainConfig, diloco: DiLoCoConfig,
+                  data: str | None) -> int:
+    corpus = load_corpus(data)
+    model = initial_model(model_cfg, train, group)
+    seed = group.share_seed(0)
+    sampler = BatchSampler(corpus.train, model_cfg.resolved()["block_size"], train.batch_size, seed)
+    return follow(group, Island(f"rank-{group.rank}", model, train, diloco, sampler))

@@ -1,0 +1,66 @@
+"""Drives real islands (`p2p-diloco join` processes) for the swarm tests.
+
+An `IslandProc` is one island process with its own run dir; its summary (`--json`) and its
+`metrics.jsonl` are what tests assert on. Islands use a small model so that a round takes a
+fraction of a second on a shared 2-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from discovery_harness import Bootstrap, free_port_pair, wait_until  # noqa: F401  (re-exported)
+
+from peers.metrics import read_metrics
+
+SMALL_MODEL = ["--n-layer", "2", "--n-embd", "64", "--n-head", "4", "--block-size", "64", "--batch-size", "8"]
+
+
+class IslandProc:
+    def __init__(self, procs, tmp: Path, name: str, bootstrap: list[str], *args: str, discovery: str = "zmq",
+                 run_id: str = "swarm", launcher: list[str] | None = None, run_dir: Path | None = None) -> None:
+        self.name, self.run_dir = name, run_dir or tmp / name
+        cmd = [*(launcher or [sys.executable]), "-m", "p2p_diloco", "join", "--run-id", run_id, "--discovery", discovery,
+               "--run-dir", str(self.run_dir), "--name", name, "--json", "--eval-every", "2", "--checkpoint-every", "2",
+               *SMALL_MODEL, *args]
+        for b in bootstrap:
+            cmd += ["--bootstrap", b]
+        self.log = tmp / f"{name}.{len(list(tmp.glob(name + '.*.log')))}.log"
+        self.out = self.log.with_suffix(".json")
+        self.proc = procs.spawn(cmd, stdout=open(self.out, "w"), stderr=open(self.log, "w"))
+
+    @property
+    def peer_id(self) -> str:
+        info = self.run_dir / "island.json"
+        wait_until(info.exists, 60, f"{self.name}'s island.json")
+        return json.loads(info.read_text())["peer_id"]
+
+    def rounds(self) -> list[dict]:
+        return [r for r in read_metrics(self.run_dir) if "round" in r]
+
+    def wait_rounds(self, n: int, timeout: float) -> list[dict]:
+        wait_until(lambda: len(self.rounds()) >= n or self.proc.poll() is not None, timeout, f"{self.name} to do {n} rounds")
+        assert len(self.rounds()) >= n, f"{self.name} exited early:\n{self.tail()}"
+        return self.rounds()
+
+    def summary(self, timeout: float = 120) -> dict:
+        code = self.proc.wait(timeout)
+        assert code == 0, f"{self.name} exited with {code}:\n{self.tail()}"
+        return json.loads(self.out.read_text().splitlines()[-1])
+
+    def signal(self, sig: int) -> None:
+        os.killpg(self.proc.pid, sig) if sig == signal.SIGKILL else os.kill(self.proc.pid, sig)
+
+    def tail(self, n: int = 4000) -> str:
+        return self.log.read_text()[-n:]
+
+
+def start_bootstrap(procs, tmp: Path, discovery: str = "zmq") -> tuple[Bootstrap, list[str]]:
+    boot = Bootstrap(procs, tmp, free_port_pair(), "auto" if discovery == "dht" else "zmq")
+    boot.start()
+    return boot, [boot.multiaddr if discovery == "dht" else boot.rendezvous]

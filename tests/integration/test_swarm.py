@@ -1,0 +1,95 @@
+"""Real islands on 127.0.0.1: they train, gossip, survive a killed partner and stragglers, resume."""
+
+from __future__ import annotations
+
+import signal
+import statistics
+import time
+
+import pytest
+from swarm_harness import IslandProc, start_bootstrap, wait_until
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_islands_learn_and_gossip_over_the_dht(procs, tmp_path):
+    _, entry = start_bootstrap(procs, tmp_path, "dht")
+    islands = [IslandProc(procs, tmp_path, f"i{k}", entry, "-H", "10", "--max-rounds", "12", discovery="dht")
+               for k in range(3)]
+    summaries = [isl.summary(180) for isl in islands]
+    ids = {s["peer_id"] for s in summaries}
+    for isl, s in zip(islands, summaries):
+        assert s["eval_loss"] < s["initial_loss"] - 1.0, s  # every island learned
+        assert s["version"] >= 12
+        partners = {r["partner"] for r in isl.rounds() if r.get("partner") and r.get("weight")}
+        assert partners and partners <= ids - {s["peer_id"]}, partners  # mixed only with other islands
+        assert s["bytes_in"] > 0 and s["bytes_out"] > 0
+
+
+def test_killed_partner_does_not_stall_the_others(procs, tmp_path):
+    """A partner SIGKILLed while it serves (its uplink is slow, so a transfer is always running)."""
+    _, entry = start_bootstrap(procs, tmp_path)
+    victim = IslandProc(procs, tmp_path, "victim", entry, "-H", "10", "--bandwidth-mbps", "1", "--compression", "fp32")
+    others = [IslandProc(procs, tmp_path, f"i{k}", entry, "-H", "10", "--max-rounds", "16") for k in range(2)]
+    victim.wait_rounds(2, 90)
+    for o in others:
+        o.wait_rounds(5, 90)
+    wait_until(lambda: any(r.get("partner") == victim.peer_id for o in others for r in o.rounds()), 60,
+               "someone to fetch from the victim")
+    t_kill = time.time()
+    victim.signal(signal.SIGKILL)
+    for o in others:
+        s = o.summary(180)
+        rows = o.rounds()
+        before = [r["wall_s"] for r in rows if r["time"] < t_kill]
+        after = [r["wall_s"] for r in rows if r["time"] > t_kill + 1]
+        pace_before = statistics.median(b - a for a, b in zip(before, before[1:]))
+        pace_after = statistics.median(b - a for a, b in zip(after, after[1:]))
+        assert pace_after < 2.5 * pace_before + 0.5, (pace_before, pace_after)
+        assert s["version"] >= 16 and s["utilization"] > 0.6
+
+
+def test_slow_island_does_not_slow_the_others(procs, tmp_path):
+    _, entry = start_bootstrap(procs, tmp_path)
+    slow = IslandProc(procs, tmp_path, "slow", entry, "-H", "10", "--slowdown", "10")
+    fast = [IslandProc(procs, tmp_path, f"f{k}", entry, "-H", "10", "--max-rounds", "12") for k in range(2)]
+    for f in fast:
+        s = f.summary(180)
+        rows = f.rounds()
+        wall = rows[-1]["wall_s"] - rows[0]["wall_s"]
+        inner = sum(r["inner_s"] for r in rows[1:])
+        assert inner / wall > 0.8, (inner, wall)  # fast islands never wait for the slow one
+        assert s["version"] >= 12
+    assert len(slow.rounds()) < 6  # it really is slower
+    slow.signal(signal.SIGTERM)
+    assert slow.proc.wait(30) == 143
+
+
+def test_sigint_then_resume_continues_the_version_count(procs, tmp_path):
+    _, entry = start_bootstrap(procs, tmp_path)
+    first = IslandProc(procs, tmp_path, "a", entry, "-H", "5")
+    rows = first.wait_rounds(4, 90)
+    first.signal(signal.SIGINT)
+    assert first.proc.wait(30) == 130
+    stopped_at = first.rounds()[-1]["version"]
+    again = IslandProc(procs, tmp_path, "a", entry, "-H", "5", "--resume", "--max-rounds", str(len(first.rounds()) + 3),
+                       run_dir=first.run_dir)
+    s = again.summary(120)
+    assert s["version"] >= stopped_at + 3, (stopped_at, s)
+    resumed = [r for r in again.rounds() if r["time"] > rows[-1]["time"]]
+    assert resumed[-1]["round"] > rows[-1]["round"]
+
+
+def test_corrupt_checkpoint_is_a_clear_error(procs, tmp_path):
+    _, entry = start_bootstrap(procs, tmp_path)
+    a = IslandProc(procs, tmp_path, "a", entry, "-H", "5", "--max-rounds", "2")
+    a.summary(90)
+    from peers import checkpoint
+
+    state = checkpoint.latest(a.run_dir / "checkpoints") / "state.safetensors"
+    blob = bytearray(state.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    state.write_bytes(bytes(blob))
+    b = IslandProc(procs, tmp_path, "a", entry, "-H", "5", "--resume", "--max-rounds", "4", run_dir=a.run_dir)
+    assert b.proc.wait(60) == 1
+    assert "corrupt (checksum mismatch)" in b.tail() and "Traceback" not in b.tail()
