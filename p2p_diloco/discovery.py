@@ -46,6 +46,11 @@ use_hivemind_log_handler("nowhere")  # hivemind logs go to the root logger, so -
 
 MIN_STORE_GAP = 0.5
 """Seconds between two stores caused by `announce` (a burst of announces is coalesced)."""
+DHT_REPLICAS = 20
+"""Nodes asked to store each record (hivemind's default is 5). In a swarm of up to this many nodes every
+node holds every record, so the frequent poll is a local read and a tombstone is seen at the next one."""
+GET_TIMEOUT = 15.0
+"""A DHT read or store that has not finished after this long is given up."""
 _UNREACHABLE_MARKERS = ("failed to connect to bootstrap peers", "none of the initial_peers responded")
 
 
@@ -115,7 +120,8 @@ def _host_maddr(host: str, port: int) -> str:
 def start_dht(*, initial_peers: list[str], host: str, port: int, timeout: float, announce_host: str | None = None,
               validators: list | None = None, client_mode: bool = False, identity_path: str | None = None) -> hivemind.DHT:
     """Start a hivemind DHT process; `DiscoveryError` if no initial peer answers, `DaemonUnavailable` if libp2p fails."""
-    kwargs: dict[str, Any] = dict(host_maddrs=[_host_maddr(host, port)], client_mode=client_mode, identity_path=identity_path)
+    kwargs: dict[str, Any] = dict(host_maddrs=[_host_maddr(host, port)], client_mode=client_mode,
+                                  identity_path=identity_path, num_replicas=DHT_REPLICAS)
     if announce_host:
         kwargs["announce_maddrs"] = [_host_maddr(announce_host, port)] if port else None
     dht = hivemind.DHT(initial_peers=initial_peers or None, start=False, record_validators=validators or (), **kwargs)
@@ -133,18 +139,19 @@ def start_dht(*, initial_peers: list[str], host: str, port: int, timeout: float,
 
 
 async def _reconnect(_dht: hivemind.DHT, node: Any, maddrs: list[str]) -> int:
-    """Ping bootstrap peers that fell out of the routing table (a restarted bootstrap node is found again)."""
+    """Ping the bootstrap peers; one that restarted learns about us again and answers lookups."""
     found = 0
     for maddr in maddrs:
         peer_id = PeerID.from_base58(Multiaddr(maddr)["p2p"])
-        if node.protocol.routing_table.get(peer_id=peer_id) is not None:
-            continue
-        try:
-            await node.p2p._client.connect(peer_id, [Multiaddr(maddr)])
-        except Exception as e:  # the node is still down: try again at the next refresh
-            logger.debug("bootstrap %s still unreachable: %s", maddr, e)
-            continue
-        found += await node.protocol.call_ping(peer_id) is not None
+        if await node.protocol.call_ping(peer_id) is None:
+            try:  # the old connection may be stale: dial the known address, then try once more
+                await node.p2p._client.connect(peer_id, [Multiaddr(maddr)])
+            except Exception as e:
+                logger.debug("bootstrap %s unreachable: %s", maddr, e)
+                continue
+            if await node.protocol.call_ping(peer_id) is None:
+                continue
+        found += 1
     return found
 
 
@@ -168,7 +175,13 @@ def peer_id_from_identity(identity_path: str) -> str:
 
 
 class DhtMembership(Membership):
-    """The membership of one run kept in a hivemind DHT (see the module docstring)."""
+    """The membership of one run kept in a hivemind DHT (see the module docstring).
+
+    The background thread never waits on the DHT: stores, reads and bootstrap pings are issued as
+    futures on their own schedules, so a slow or dead peer delays none of the others. The view
+    merges what each read returns, newest entry per subkey; an entry leaves the view when its
+    expiration passes or a newer tombstone arrives, never because one read missed it.
+    """
 
     kind = "dht"
 
@@ -188,9 +201,11 @@ class DhtMembership(Membership):
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._record: IslandRecord | None = None
-        self._dirty = self._left = self._leave_requested = False
+        self._dirty = self._left = self._leave_requested = self._full_requested = False
         self._left_event = threading.Event()
-        self._view: dict[str, tuple[IslandRecord, float]] = {}
+        self._entries: dict[bytes, tuple[IslandRecord | None, float]] = {}
+        """subkey -> (record or tombstone, expiration), the newest seen."""
+        self._seen: set[str] = set()
         self._polls = 0
         self._poll_done = threading.Condition(self._lock)
         self._thread = threading.Thread(target=self._run, name=f"dht-membership-{self._peer_id[:8]}", daemon=True)
@@ -218,15 +233,17 @@ class DhtMembership(Membership):
     def members(self) -> dict[str, IslandRecord]:
         now = get_dht_time()
         with self._lock:
-            out = {pid: rec for pid, (rec, exp) in self._view.items() if exp > now and pid != self._peer_id}
+            out = {rec.peer_id: rec for rec, exp in self._entries.values() if rec is not None and exp > now}
+            out.pop(self._peer_id, None)
             if self._record is not None and not self._left:
                 out[self._peer_id] = self._record
         return out
 
     def refresh(self, timeout: float = 10.0) -> dict[str, IslandRecord]:
-        """Read the member list from the DHT now (waits at most `timeout`) and return `members()`."""
+        """Read the member list from the whole DHT now (waits at most `timeout`) and return `members()`."""
         with self._lock:
-            target = self._polls + 1
+            target = self._polls + 1 + (self._pending_get is not None)
+            self._full_requested = True
         self._wake.set()
         with self._poll_done:
             self._poll_done.wait_for(lambda: self._polls >= target or self._stop.is_set(), timeout)
@@ -255,76 +272,98 @@ class DhtMembership(Membership):
 
     # -- background thread -------------------------------------------------------------------
 
-    def _call(self, future: Any, what: str) -> Any:
-        try:
-            return future.result(timeout=max(10.0, self.config.poll * 3))
-        except Exception as e:  # a failed DHT call costs this round only
-            logger.info("DHT %s failed: %s: %s", what, type(e).__name__, e)
-            return None
+    _pending_get: Any = None
 
-    def _store(self, value: dict | None) -> bool:
+    def _issue(self, future: Any) -> Any:
+        future.add_done_callback(lambda _f: self._wake.set())
+        return future
+
+    def _store(self, value: dict | None) -> Any:
         exp = get_dht_time() + self.config.expiry
-        fut = self.dht.store(self._key, value, exp, subkey=self._subkey, return_future=True)
-        return bool(self._call(fut, "store"))
+        return self._issue(self.dht.store(self._key, value, exp, subkey=self._subkey, return_future=True))
 
-    def _poll(self) -> None:
-        found = self._call(self.dht.get(self._key, latest=True, return_future=True), "get")
-        view: dict[str, tuple[IslandRecord, float]] = {}
+    def _merge(self, found: Any) -> None:
+        """Fold one read into the view: the newest entry per subkey wins; then drop what expired."""
+        fresh: dict[bytes, tuple[IslandRecord | None, float]] = {}
         if found is not None and isinstance(found.value, dict):
             for subkey, item in found.value.items():
-                if item.value is None:
-                    continue  # a clean leave
-                try:
-                    record = IslandRecord.from_dict(item.value)
-                except (DiscoveryError, TypeError) as e:
-                    logger.info("ignoring a malformed island record: %s", e)
-                    continue
-                if not isinstance(subkey, bytes) or record.peer_id != fingerprint(subkey):
-                    logger.info("ignoring a record whose peer_id does not match its owner key")
-                    continue
-                view[record.peer_id] = (record, item.expiration_time)
+                record = None
+                if item.value is not None:
+                    try:
+                        record = IslandRecord.from_dict(item.value)
+                    except (DiscoveryError, TypeError) as e:
+                        logger.info("ignoring a malformed island record: %s", e)
+                        continue
+                    if not isinstance(subkey, bytes) or record.peer_id != fingerprint(subkey):
+                        logger.info("ignoring a record whose peer_id does not match its owner key")
+                        continue
+                fresh[subkey] = (record, item.expiration_time)
+        now = get_dht_time()
         with self._lock:
-            joined = sorted(set(view) - set(self._view) - {self._peer_id})
-            gone = sorted(set(self._view) - set(view) - {self._peer_id})
-            self._view = view
+            for subkey, (record, exp) in fresh.items():
+                if subkey not in self._entries or exp >= self._entries[subkey][1]:
+                    self._entries[subkey] = (record, exp)
+            self._entries = {k: v for k, v in self._entries.items() if v[1] > now}
             self._polls += 1
             self._poll_done.notify_all()
-        for pid in joined:
-            logger.info("island %s joined run %r at %s", pid, self.config.run_id, view[pid][0].endpoint)
-        for pid in gone:
+        ids = set(self.members()) - {self._peer_id}
+        for pid in sorted(ids - self._seen):
+            logger.info("island %s joined run %r", pid, self.config.run_id)
+        for pid in sorted(self._seen - ids):
             logger.info("island %s left run %r (tombstone or expiry)", pid, self.config.run_id)
+        self._seen = ids
 
     def _run(self) -> None:
         cfg = self.config
-        last_store = last_poll = last_reconnect = float("-inf")
+        last_store = last_poll = last_full = last_reconnect = float("-inf")
+        store = reconnect = None
         while not self._stop.is_set():
+            self._wake.clear()
             now = time.monotonic()
             with self._lock:
                 record, dirty, leave = self._record, self._dirty, self._leave_requested
+            if store is not None and store.done():
+                if store.exception() is not None or not store.result():
+                    logger.info("storing the own record reached no DHT node; retrying at the next refresh")
+                store = None
             if leave:
-                ok = self._store(None)
+                ok = self._wait(self._store(None), "storing the tombstone")
                 with self._lock:
                     self._left, self._leave_requested = True, False
                 self._left_event.set()
-                logger.info("left run %r (tombstone stored: %s)", cfg.run_id, ok)
-            elif record is not None and not self._left and (
+                logger.info("left run %r (tombstone stored: %s)", cfg.run_id, bool(ok))
+            elif record is not None and not self._left and store is None and (
                     (dirty and now - last_store >= MIN_STORE_GAP) or now - last_store >= cfg.refresh):
                 with self._lock:
                     self._dirty = False
-                if not self._store(record.to_dict()):
-                    logger.info("storing the own record reached no DHT node; retrying at the next refresh")
-                last_store = now
-            if self._maddrs and now - last_reconnect >= cfg.refresh:
-                self._call(self.dht.run_coroutine(_reconnect_with(self._maddrs), return_future=True), "reconnect")
+                store, last_store = self._store(record.to_dict()), now
+            if self._maddrs and now - last_reconnect >= cfg.refresh and (reconnect is None or reconnect.done()):
+                reconnect = self._issue(self.dht.run_coroutine(_reconnect_with(self._maddrs), return_future=True))
                 last_reconnect = now
-            if self._wake.is_set() or now - last_poll >= cfg.poll:
-                self._wake.clear()
-                self._poll()
-                last_poll = time.monotonic()
-            due = min(last_poll + cfg.poll, last_store + cfg.refresh if self._record is not None else float("inf"))
-            if self._dirty or self._leave_requested:
+            get = self._pending_get
+            if get is not None and get[0].done():
+                self._pending_get = None
+                self._merge(None if get[0].exception() is not None else get[0].result())
+            elif get is not None and now - get[1] > GET_TIMEOUT:
+                logger.info("a DHT read took over %.0f s; starting a new one", GET_TIMEOUT)
+                self._pending_get = None
+            if self._pending_get is None and (self._full_requested or now - last_poll >= cfg.poll):
+                full = self._full_requested or now - last_full >= cfg.refresh
+                self._full_requested = False
+                self._pending_get = (self._issue(self.dht.get(self._key, latest=full, return_future=True)), now)
+                last_poll, last_full = now, now if full else last_full
+            due = min(last_poll + cfg.poll, last_store + cfg.refresh if record is not None else float("inf"),
+                      last_reconnect + cfg.refresh if self._maddrs else float("inf"))
+            if self._dirty:
                 due = min(due, last_store + MIN_STORE_GAP)
             self._wake.wait(timeout=max(0.01, due - time.monotonic()))
+
+    def _wait(self, future: Any, what: str) -> Any:
+        try:
+            return future.result(timeout=GET_TIMEOUT)
+        except Exception as e:
+            logger.info("%s failed: %s: %s", what, type(e).__name__, e)
+            return None
 
 
 def _reconnect_with(maddrs: list[str]) -> Any:
