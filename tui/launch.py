@@ -1,0 +1,96 @@
+"""Running the dashboard in a terminal: `run_dashboard(source)` and `should_use_dashboard()`.
+
+`run_dashboard` is what the `dashboard` command and the demo call. While the app owns the
+terminal, log lines on stderr would tear its screen apart, so the root logger's terminal handlers
+are set aside and warnings go to the event log instead; they are put back when the app exits.
+`stop_event` lets a caller (the demo, when its islands are done) close the dashboard from outside.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from typing import IO, Mapping
+
+from tui.source import Source
+
+logger = logging.getLogger(__name__)
+
+
+def should_use_dashboard(stream: IO | None = None, environ: Mapping[str, str] | None = None) -> bool:
+    """True when a person is watching: `stream` (stdout) is a terminal, not CI, not a dumb terminal."""
+    stream = sys.stdout if stream is None else stream
+    environ = os.environ if environ is None else environ
+    if environ.get("CI", "").strip().lower() in ("1", "true", "yes"):
+        return False
+    if environ.get("TERM", "") == "dumb":
+        return False
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # closed or not a real file
+        return False
+
+
+class _ToApp(logging.Handler):
+    """Sends log records to the app as `LogLine` messages (thread-safe)."""
+
+    def __init__(self, app) -> None:
+        super().__init__(logging.WARNING)
+        self.app = app
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tui.messages import LogLine
+
+        try:
+            self.app.post_message(LogLine(record.levelname, record.getMessage()))
+        except Exception:
+            self.handleError(record)
+
+
+def _terminal_handlers(root: logging.Logger) -> list[logging.Handler]:
+    out = []
+    for h in root.handlers:
+        stream = getattr(h, "stream", None)
+        if isinstance(h, logging.StreamHandler) and stream in (sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__):
+            out.append(h)
+    return out
+
+
+def run_dashboard(source: Source, stop_event: threading.Event | None = None, **state_options) -> int:
+    """Show the dashboard for `source` until the user quits or `stop_event` is set; returns the exit code."""
+    from tui.app import make_app
+
+    return run_app(make_app(source, **state_options), stop_event)
+
+
+def run_app(app, stop_event: threading.Event | None = None) -> int:
+    """Run a dashboard app made by `make_app` in this terminal (see the module docstring)."""
+    from tui.messages import StopRequested
+
+    root = logging.getLogger()
+    moved = _terminal_handlers(root)
+    bridge = _ToApp(app)
+    for h in moved:
+        root.removeHandler(h)
+    root.addHandler(bridge)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if stop_event.wait(0.2):
+                app.post_message(StopRequested())
+                return
+
+    if stop_event is not None:
+        threading.Thread(target=watch, name="dashboard-stop", daemon=True).start()
+    try:
+        app.run()
+    finally:
+        done.set()
+        root.removeHandler(bridge)
+        for h in moved:
+            root.addHandler(h)
+        app.source.stop()
+    return app.return_code or 0
