@@ -30,12 +30,5 @@ class LogLine(Message):
 
 
 @dataclass
-class IslandChosen(Message):
-    """The user picked an island in the peers table (Enter or click): open its detail view."""
-
-    peer_id: str
-
-
-@dataclass
 class StopRequested(Message):
     """Someone outside the app (the demo ending) asks it to exit."""
