@@ -1,9 +1,29 @@
-"""Discovery over the hivemind DHT with real processes on 127.0.0.1."""
+"""Discovery over the hivemind DHT on 127.0.0.1: a swarm of real processes, and in-process nodes
+(each a real hivemind DHT with its libp2p daemon) for forged records, run isolation and the fallback."""
 
 from __future__ import annotations
 
+import logging
+import socket
+import subprocess
+import sys
+import time
+from functools import partial
+
 import pytest
-from discovery_harness import run_swarm
+from discovery_harness import free_port_pair, run_swarm, wait_until
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import DHTRecord
+from hivemind.p2p import PeerID
+from hivemind.utils import MSGPackSerializer, get_dht_time
+from hivemind.utils.crypto import RSAPrivateKey
+
+from bootstrap import BootstrapNode
+from p2p_diloco import discovery
+from p2p_diloco.config import DiscoveryConfig
+from p2p_diloco.errors import DiscoveryError
+from p2p_diloco.membership import IslandRecord, fingerprint, open_membership
 
 
 @pytest.mark.timeout(240)
@@ -13,3 +33,134 @@ def test_swarm_of_eight_over_dht(procs, tmp_path):
     assert figures["join_all_s"] <= 10.0
     assert figures["clean_exit_s"] <= 2.0
     assert figures["sigkill_s"] <= 6.0 + 0.5
+
+
+# -- in-process nodes: forged records, run isolation, the automatic fallback --------------------
+
+def announce(m, port: int) -> IslandRecord:
+    rec = IslandRecord(peer_id=m.peer_id, endpoint=f"tcp://127.0.0.1:{port}", state="training", timestamp=time.time())
+    m.announce(rec)
+    return rec
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory):
+    """A bootstrap node, islands A and B of run r1, island C of run r2, all in this process."""
+    boot = BootstrapNode(port=free_port_pair(), identity=tmp_path_factory.mktemp("boot") / "id.key")
+    boot.start()
+    cfg = dict(bootstrap=tuple(boot.addresses[:1]), discovery="dht", expiry=8.0, refresh=1.0, poll=0.25)
+    a, b = (open_membership(DiscoveryConfig(run_id="r1", **cfg)) for _ in range(2))
+    c = open_membership(DiscoveryConfig(run_id="r2", **cfg))
+    recs = {m.peer_id: announce(m, 6000 + i) for i, m in enumerate((a, b, c))}
+    wait_until(lambda: len(a.members()) == 2 and len(b.members()) == 2, 20, "A and B to meet")
+    yield boot, a, b, c, recs
+    for m in (a, b, c):
+        m.shutdown()
+    boot.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_runs_sharing_a_dht_do_not_see_each_other(swarm):
+    boot, a, b, c, recs = swarm
+    assert set(a.refresh()) == set(b.refresh()) == {a.peer_id, b.peer_id}
+    assert set(c.refresh()) == {c.peer_id}
+    assert a.members()[b.peer_id] == recs[b.peer_id]
+
+
+async def _store_at(_dht, node, target: str, maddrs: list[str], key: str, subkey: bytes, value: bytes, expiration: float):
+    """Send one raw store request to one chosen node (what a malicious peer can do)."""
+    peer = PeerID.from_base58(target)
+    await node.p2p._client.connect(peer, [discovery._transport_part(m) for m in maddrs])
+    return await node.protocol.call_store(peer, [DHTID.generate(source=key)], [value], [expiration], subkeys=[subkey])
+
+
+def forged_values(victim_subkey: bytes, victim_record: IslandRecord) -> dict[str, tuple[bytes, bytes]]:
+    """name -> (subkey, value bytes as they go on the wire), each signed by mallory's own key."""
+    mallory = RSAPrivateKey()
+    signer = RSASignatureValidator(mallory)
+    own = signer.local_public_key
+    exp = get_dht_time() + 30
+    key_id = DHTID.generate(source=discovery.islands_key("r1")).to_bytes()
+    mine = victim_record.replace(peer_id=fingerprint(own)).to_dict()
+    cases = {
+        "off-schema": (own, {**mine, "version": "many"}),
+        "huge": (own, {**mine, "endpoint": "tcp://" + "a" * 100_000 + ":1"}),
+        "impersonation": (own, victim_record.to_dict()),
+        "overwrite": (victim_subkey, {**victim_record.to_dict(), "endpoint": "tcp://6.6.6.6:6666"}),
+        "forged-leave": (victim_subkey, None),
+    }
+    out = {}
+    for name, (subkey, value) in cases.items():
+        rec = DHTRecord(key_id, MSGPackSerializer.dumps(subkey), MSGPackSerializer.dumps(value), exp)
+        out[name] = (subkey, signer.sign_value(rec), exp)
+    return out
+
+
+@pytest.mark.timeout(90)
+def test_forged_and_malformed_records_are_refused(swarm):
+    boot, a, b, c, recs = swarm
+    mallory = discovery.start_dht(initial_peers=boot.addresses[:1], host="127.0.0.1", port=0, timeout=20)
+    try:
+        targets = {"A": (str(a.dht.peer_id), a.visible_maddrs()), "B": (str(b.dht.peer_id), b.visible_maddrs()),
+                   "bootstrap": (boot.peer_id, boot.multiaddrs)}
+        verdicts = {}
+        for name, (subkey, value, exp) in forged_values(a._subkey, recs[a.peer_id]).items():
+            for where, (pid, maddrs) in targets.items():
+                ok = mallory.run_coroutine(partial(_store_at, target=pid, maddrs=maddrs, key=discovery.islands_key("r1"),
+                                                   subkey=subkey, value=value, expiration=exp))
+                verdicts[name, where] = ok
+        for name in ("off-schema", "huge", "impersonation", "overwrite", "forged-leave"):
+            assert verdicts[name, "A"] == [False] and verdicts[name, "B"] == [False], (name, verdicts)
+        # the bootstrap cannot know run r1's schema, but it checks signatures like everyone
+        assert verdicts["overwrite", "bootstrap"] == [False] and verdicts["forged-leave", "bootstrap"] == [False]
+        assert verdicts["off-schema", "bootstrap"] == [True]  # ...and readers drop that node's copy:
+        watcher = open_membership(DiscoveryConfig(run_id="r1", bootstrap=tuple(boot.multiaddrs), discovery="dht"),
+                                  observer=True)
+        try:
+            for view in (watcher.refresh(), a.refresh(), b.refresh()):
+                assert set(view) == {a.peer_id, b.peer_id}
+                assert view[a.peer_id] == recs[a.peer_id]  # endpoint untouched
+        finally:
+            watcher.shutdown()
+    finally:
+        mallory.shutdown()
+
+
+@pytest.mark.timeout(90)
+def test_auto_falls_back_to_zeromq_when_the_daemon_cannot_start(swarm, caplog):
+    """libp2p cannot listen on a port that is taken: `auto` warns with the reason and uses ZeroMQ."""
+    boot = swarm[0]
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        base = dict(run_id="fallback", bootstrap=tuple(boot.multiaddrs), expiry=8.0, refresh=1.0, poll=0.25, port=port)
+        with pytest.raises(DiscoveryError, match="libp2p daemon could not start"):
+            open_membership(DiscoveryConfig(discovery="dht", **base))
+        with caplog.at_level(logging.WARNING):
+            d = open_membership(DiscoveryConfig(discovery="auto", **base))
+    e = open_membership(DiscoveryConfig(**{**base, "discovery": "zmq", "port": 0}))
+    try:
+        assert d.kind == "zmq" and e.kind == "zmq"
+        assert any("libp2p daemon could not start" in r.message and "address already in use" in r.message
+                   for r in caplog.records)
+        announce(d, 7001)
+        announce(e, 7002)
+        wait_until(lambda: set(d.members()) == set(e.members()) == {d.peer_id, e.peer_id}, 10,
+                   "the fallback islands to meet through the rendezvous derived from the multiaddr")
+    finally:
+        d.shutdown()
+        e.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_status_against_a_dead_address_fails_readably(tmp_path):
+    dead = f"/ip4/127.0.0.1/tcp/{free_port_pair()}/p2p/QmYunsfm4xYoHz4uJMkxLXo4pXxjcCXHSoV3r3ukZQ1wcE"
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "p2p_diloco", "status", "--bootstrap", dead, "--run-id", "x",
+                          "--discovery", "dht", "--timeout", "5"], capture_output=True, text=True, timeout=50)
+    took = time.monotonic() - t0
+    print(f"dead DHT address: exit {out.returncode} after {took:.1f} s: {out.stderr.strip()}")
+    assert out.returncode == 1
+    assert out.stderr.startswith("Error: none of the bootstrap nodes answered") and "Traceback" not in out.stderr
+    assert took < 30
