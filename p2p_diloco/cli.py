@@ -379,8 +379,11 @@ def demo(islands, minutes, latency_ms, bandwidth_mbps, compare, workdir, as_json
 
     from peers.demo import DemoConfig, run_demo
 
+    from tui.launch import should_use_dashboard
+
     cfg = DemoConfig(islands=islands, minutes=minutes, latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps,
-                     compare=compare, workdir=Path(workdir) if workdir else None)
+                     compare=compare, workdir=Path(workdir) if workdir else None,
+                     dashboard=not as_json and should_use_dashboard())
     try:
         summary = run_demo(cfg)
     except KeyboardInterrupt:

@@ -36,6 +36,8 @@ class DemoConfig:
     compression: str = "bf16"
     run_id: str = "demo"
     workdir: Path | None = None
+    dashboard: bool = False
+    """Show the live dashboard while the islands train (the CLI decides: only on a terminal)."""
     extra_args: tuple[str, ...] = ()
 
 
@@ -125,7 +127,10 @@ def run_demo(cfg: DemoConfig) -> dict:
     try:
         swarm.start_bootstrap()
         islands = [swarm.start_island(n, args) for n in names]
-        threading.Thread(target=_follow, args=([workdir / f"{n}.log" for n in names], stop_follow), daemon=True).start()
+        if cfg.dashboard:
+            _dashboard_until_done(swarm, cfg, islands)
+        else:
+            threading.Thread(target=_follow, args=([workdir / f"{n}.log" for n in names], stop_follow), daemon=True).start()
         limit = cfg.minutes * 60 + 120  # training time plus start-up, final checkpoint and evaluation
         for p in islands:
             p.wait(timeout=max(1.0, limit))
@@ -176,3 +181,26 @@ def baseline_dp(tokens: int, islands: int) -> float:
     sim = SimConfig(islands=islands, methods=("dp",), tokens=max(tokens, 1))
     return Simulation(sim, ModelConfig(), TrainConfig(), DiLoCoConfig(), load_corpus()).run("dp").eval_loss
 
+
+
+def _dashboard_until_done(swarm: Swarm, cfg: DemoConfig, islands: list[subprocess.Popen]) -> None:
+    """Show the dashboard until every island has exited; quitting it early stops the islands cleanly."""
+    from p2p_diloco.config import DiscoveryConfig
+    from tui import MembershipSource, run_dashboard
+
+    done = threading.Event()
+
+    def watch() -> None:
+        for p in islands:
+            p.wait()
+        done.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    source = MembershipSource(DiscoveryConfig(run_id=cfg.run_id, bootstrap=tuple(swarm.bootstrap_addr)))
+    code = run_dashboard(source, stop_event=done)
+    if not done.is_set():  # the user quit: islands checkpoint and report as on Ctrl+C
+        for p in islands:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+    if code == 130:
+        raise KeyboardInterrupt

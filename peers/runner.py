@@ -43,6 +43,7 @@ from peers.metrics import MetricsLog, progress_line
 from peers.partners import PartnerChooser
 
 log = logging.getLogger(__name__)
+ANNOUNCE_EVERY_S = 2.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,19 +143,27 @@ class IslandRunner:
         self.eval_loss: float | None = None
         self.last_partner: str | None = None
         self.state = "joining"
+        self._rate_mark = (time.monotonic(), 0, 0)
+        self._rates = (0.0, 0.0)
 
     # -- records ---------------------------------------------------------------------------------
     def record(self, tokens_per_s: float = 0.0) -> IslandRecord:
+        """This island's discovery record; link rates are averages since the previous record."""
         s = self.island.state
-        stats = self.server.stats()
+        sent = self.server.stats()["bytes_sent"]
+        now = time.monotonic()
+        last_t, last_sent, last_in = self._rate_mark
+        dt = max(now - last_t, 1e-6)
+        up, down = (sent - last_sent) / dt, (self.bytes_in - last_in) / dt
+        if dt >= 1.0:  # keep a window long enough for a meaningful average
+            self._rate_mark = (now, sent, self.bytes_in)
+            self._rates = (up, down)
+        up, down = self._rates
         return IslandRecord(peer_id=self.peer_id, endpoint=self.server.endpoint, version=s.version, tokens=s.tokens,
                             tokens_per_s=tokens_per_s, loss=self.island.last_loss, eval_loss=self.eval_loss,
-                            state=self.state, upload_bps=stats["upload_bytes_per_s"],
-                            download_bps=self._download_bps, bytes_sent=stats["bytes_sent"],
+                            state=self.state, upload_bps=up, download_bps=down, bytes_sent=sent,
                             bytes_received=self.bytes_in, last_partner=self.last_partner,
                             started_at=self.started_at, timestamp=time.time())
-
-    _download_bps = 0.0
 
     def publish(self) -> None:
         s = self.island.state
@@ -236,7 +245,6 @@ class IslandRunner:
             return [], info
         self.chooser.succeeded(result.peer_id, result.nbytes, result.seconds)
         self.bytes_in += result.nbytes
-        self._download_bps = result.nbytes / max(result.seconds, 1e-6)
         try:
             return [partner_state(result.snapshot, self.island.state.phi.numel())], info
         except TransportError as e:
@@ -265,7 +273,7 @@ class IslandRunner:
         self._t0 = time.monotonic()  # utilization counts from the first inner step
         while not self._done():
             self._start_fetch()
-            round_start = time.monotonic()
+            round_start = last_announce = time.monotonic()
             isl.round_steps = 0
             while isl.round_steps < H and not self.stop.signum:
                 if self.group is not None:
@@ -274,6 +282,10 @@ class IslandRunner:
                 isl.inner_step()
                 if self.cfg.slowdown > 1:
                     time.sleep((self.cfg.slowdown - 1) * (time.monotonic() - step_start))
+                if time.monotonic() - last_announce >= ANNOUNCE_EVERY_S:  # keep watchers current mid-round
+                    elapsed = time.monotonic() - round_start
+                    self.membership.announce(self.record(isl.round_steps * isl.tokens_per_step / elapsed))
+                    last_announce = time.monotonic()
                 if self.diloco.round_seconds and time.monotonic() - round_start >= self.diloco.round_seconds:
                     break
             compute_s = time.monotonic() - round_start
