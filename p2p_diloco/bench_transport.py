@@ -8,9 +8,10 @@ whole encoded buffer back as one zero-copy frame, or with `raw="stream"` a pipel
 4 MiB frames that the receiver keeps). The calling process is the fetcher. Each figure is the best
 of `repeat` runs after one warm-up, raw and protocol runs interleaved.
 
-`link_utilization` is the payload rate while the payload is moving (first chunk's arrival to the
-last's) over the emulated rate: the share of the link the window keeps busy. The end-to-end rate,
-which also pays the HELLO's one-way trip and the last chunk's, is `emulated.bytes_per_s`.
+`link_utilization` is the time the emulated link needs for the payload (`bytes / rate`) over the
+time the fetch gave it: `fetch_s` minus one round trip (the HELLO's trip out and the last byte's
+trip back, which no protocol avoids). Any idle link time (a window below the bandwidth-delay
+product, a slow start, stalls) lowers it. `emulated.bytes_per_s` is the plain end-to-end rate.
 A separate fresh process measures the fetcher's peak extra memory (RSS sampled every millisecond).
 """
 

@@ -42,7 +42,7 @@ class FetchStats:
     peak_window_bytes: int  # most bytes kept in flight
     chunk_bytes: int  # chunk length in use at the end
     chunks: int
-    transfer_bytes_per_s: float  # payload rate between the first chunk's arrival and the last's
+    transfer_bytes_per_s: float  # payload bytes / (seconds - rtt_s): the rate once one round trip is paid
 
 
 @dataclass(frozen=True)
@@ -125,8 +125,7 @@ class Fetcher:
         inflight = deque((off, n, hello.rid, None) for off, n in wire.prefetch_plan(m.total, m.block, hello.prefetch, hello.chunk))
         next_off = inflight[-1][0] + inflight[-1][1] if inflight else 0
         in_bytes = next_off
-        first_at = last_at = None
-        first_len = chunks = 0
+        chunks = 0
         stall = time.monotonic() + timeout
         while not asm.done:
             window = ctl.window_bytes(m.block)
@@ -153,15 +152,13 @@ class Fetcher:
             ctl.on_delivery(n, now)
             if sent is not None:
                 ctl.on_rtt(now - sent)
-            if first_at is None:
-                first_at, first_len = now, n
-            last_at, chunks, stall = now, chunks + 1, now + timeout
+            chunks, stall = chunks + 1, now + timeout
         seconds = time.monotonic() - t0
         flowcontrol.remember(self.endpoint, ctl.estimate())
-        span = (last_at - first_at) if first_at is not None else 0.0
+        busy = seconds - ctl.min_rtt  # a request's trip out and the last byte's trip back are unavoidable
         stats = FetchStats(rtt_s=ctl.min_rtt, link_bytes_per_s=ctl.bandwidth, peak_window_bytes=ctl.peak_window,
                            chunk_bytes=ctl.chunk_bytes(m.block), chunks=chunks,
-                           transfer_bytes_per_s=(m.total - first_len) / span if span > 0 else math.nan)
+                           transfer_bytes_per_s=m.total / busy if busy > 0 else math.nan)
         log.debug("fetched version %d from %s: %d bytes in %.3f s", m.version, self.endpoint, m.total, seconds)
         return Snapshot(tensors=asm.result(), version=m.version, tokens=m.tokens, meta=dict(m.meta),
                         nbytes=m.total, seconds=seconds, endpoint=self.endpoint, stats=stats, manifest=m)
@@ -221,20 +218,19 @@ class Fetcher:
             now = time.monotonic()
             for frames in self._pacer.pop_due(now):
                 self._send_now(frames)
-            if now >= stall:
-                raise TransportTimeout(f"no answer from {self.endpoint} for {timeout:g} s"
-                                       + ("" if m is None else " in the middle of a transfer"))
-            due = self._pacer.next_due()
-            wait = stall - now if due is None else min(stall - now, max(0.0, due - now))
             try:
-                events = dict(self._poller.poll(math.ceil(wait * 1000)))
-                if self._monitor in events:
-                    self._drain_monitor(busy=True)
-                if self._sock not in events:
+                try:  # data is usually waiting already: skip the poll
+                    frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    if now >= stall:
+                        raise TransportTimeout(f"no answer from {self.endpoint} for {timeout:g} s"
+                                               + ("" if m is None else " in the middle of a transfer")) from None
+                    due = self._pacer.next_due()
+                    wait = stall - now if due is None else min(stall - now, max(0.0, due - now))
+                    events = dict(self._poller.poll(math.ceil(wait * 1000)))
+                    if self._monitor in events:
+                        self._drain_monitor(busy=True)
                     continue
-                frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                continue
             except zmq.ZMQError as e:
                 raise TransportError(f"receiving from {self.endpoint} failed: {e}") from e
             reply = wire.decode_reply(frames)

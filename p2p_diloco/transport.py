@@ -131,7 +131,6 @@ class SnapshotServer:
         self._snapshots: dict[int, _Published] = {}  # sid -> snapshot, oldest first
         self._latest: _Published | None = None
         self._pacer = Pacer(self.config.latency_ms, link_rate(self.config.bandwidth_mbps, self.config.max_upload_mbps))
-        self._peers_by_fd: dict[int, set[bytes]] = {}  # connection -> peer identities (to drop backlogs)
         self._stats = {"requests": 0, "manifests_served": 0, "chunks_served": 0, "bytes_sent": 0,
                        "payload_bytes_sent": 0, "auth_refused": 0, "rejected": {}}
         self._sent_log: deque[tuple[float, int]] = deque(maxlen=4096)
@@ -139,6 +138,7 @@ class SnapshotServer:
             self._sock = self._ctx.socket(zmq.ROUTER)
             self._sock.linger = 0
             self._sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_REQUEST_BYTES)
+            self._sock.router_mandatory = 1  # sending to a peer that left raises, so its backlog can go
             self._sock.rcvhwm = 4 * wire.MAX_INFLIGHT
             self._sock.sndhwm = 4 * wire.MAX_INFLIGHT
             if self.config.secret is not None:
@@ -150,7 +150,7 @@ class SnapshotServer:
                 self._sock.curve_secretkey = keys.server_secret
                 self._sock.curve_publickey = keys.server_public
                 self._sock.zap_domain = ZAP_DOMAIN.encode()
-            self._monitor = self._sock.get_monitor_socket(HANDSHAKE_FAILED | zmq.EVENT_DISCONNECTED)
+            self._monitor = self._sock.get_monitor_socket(HANDSHAKE_FAILED)
             self._sock.bind(tcp_bind_address(bind))
         except zmq.ZMQError as e:
             self._teardown()
@@ -234,7 +234,10 @@ class SnapshotServer:
                             frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
                         except zmq.Again:
                             break
-                        self._handle(frames)
+                        try:
+                            self._handle(frames)
+                        except Exception:  # a bug must not take the server down for everyone
+                            log.exception("error while handling a request; still serving")
                 if self._monitor in events:
                     self._drain_monitor()
                 if len(self._pacer):
@@ -252,11 +255,7 @@ class SnapshotServer:
                 ev = recv_monitor_message(self._monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if ev["event"] == zmq.EVENT_DISCONNECTED:  # drop what the pacer still holds for that peer
-                dropped = sum(self._pacer.drop(ident) for ident in self._peers_by_fd.pop(ev["value"], ()))
-                if dropped:
-                    log.info("a peer left: dropped %d replies queued for it", dropped)
-            elif ev["event"] & HANDSHAKE_FAILED:
+            if ev["event"] & HANDSHAKE_FAILED:
                 self._refused(f"security handshake failed ({zmq.Event(ev['event']).name}, code {ev['value']})")
 
     def _refused(self, reason: str) -> None:
@@ -273,14 +272,19 @@ class SnapshotServer:
             self._send(ident, frames, nbytes)
 
     def _send(self, ident: bytes, frames: list[Any], nbytes: int) -> None:
-        try:
-            self._sock.send_multipart([ident, *frames], flags=zmq.NOBLOCK, copy=False)
-        except zmq.ZMQError as e:  # peer's queue full or gone: it will time out and retry
-            self._reject("send", "dropped a reply: %s", e)
-            return
-        with self._lock:
+        with self._lock:  # counted first: the peer may read the reply before send_multipart returns
             self._stats["bytes_sent"] += nbytes
             self._sent_log.append((time.monotonic(), nbytes))
+        try:
+            self._sock.send_multipart([ident, *frames], flags=zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as e:
+            if e.errno == zmq.EHOSTUNREACH:  # the peer left: forget what is still queued for it
+                dropped = self._pacer.drop(ident)
+                log.info("a peer left mid-exchange; dropped %d replies queued for it", dropped + 1)
+            else:  # its queue is full (it broke the in-flight limit): it will time out
+                self._reject("send", "dropped a reply: %s", e)
+            with self._lock:
+                self._stats["bytes_sent"] -= nbytes
 
     def _error(self, ident: bytes, rid: int, code: str, message: str, peer: str) -> None:
         with self._lock:
@@ -295,14 +299,10 @@ class SnapshotServer:
         ident = frames[0].bytes
         with self._lock:
             self._stats["requests"] += 1
-        peer = "?"
-        if len(frames) > 1:
-            try:
-                peer = frames[1].get("Peer-Address")
-                if self._pacer.active:
-                    self._peers_by_fd.setdefault(frames[1].get(zmq.SRCFD), set()).add(ident)
-            except zmq.ZMQError:
-                pass
+        try:
+            peer = frames[1].get("Peer-Address") if len(frames) > 1 else "?"
+        except zmq.ZMQError:
+            peer = "?"
         try:
             req = wire.decode_request(frames[1:])
         except ProtocolMismatch as e:
@@ -325,9 +325,9 @@ class SnapshotServer:
         if snap is None:
             self._error(ident, req.rid, "no_snapshot", "nothing published yet", peer)
             return
-        self._reply(ident, wire.ManifestReply(rid=req.rid, manifest=snap.manifest))
         with self._lock:
             self._stats["manifests_served"] += 1
+        self._reply(ident, wire.ManifestReply(rid=req.rid, manifest=snap.manifest))
         m = snap.manifest
         for off, length in wire.prefetch_plan(m.total, m.block, req.prefetch, req.chunk):
             self._chunk(ident, snap, req.rid, off, length)
@@ -347,11 +347,11 @@ class SnapshotServer:
         self._chunk(ident, snap, req.rid, req.offset, req.length)
 
     def _chunk(self, ident: bytes, snap: _Published, rid: int, off: int, length: int) -> None:
-        self._reply(ident, wire.ChunkReply(rid=rid, sid=snap.manifest.sid, offset=off, length=length,
-                                           payload=snap.view[off : off + length]))
         with self._lock:
             self._stats["chunks_served"] += 1
             self._stats["payload_bytes_sent"] += length
+        self._reply(ident, wire.ChunkReply(rid=rid, sid=snap.manifest.sid, offset=off, length=length,
+                                           payload=snap.view[off : off + length]))
 
 
 def __getattr__(name: str) -> Any:

@@ -26,7 +26,7 @@ def server():
     servers = []
 
     def make(**cfg) -> SnapshotServer:
-        s = SnapshotServer(config=NetworkConfig(**cfg))
+        s = SnapshotServer(config=NetworkConfig(**{"compression": "fp32", **cfg}))
         servers.append(s)
         return s
 
@@ -47,6 +47,15 @@ def _ask(endpoint: str, frames: list[bytes], wait_ms: int = 2000) -> wire.Reply 
         return wire.decode_reply(sock.recv_multipart())
     finally:
         sock.close()
+
+
+def _eventually(cond, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def _hdr(**d) -> bytes:
@@ -140,7 +149,8 @@ def test_secret_admits_only_peers_that_hold_it(server):
     for cfg in (NetworkConfig(), NetworkConfig(secret="battery staple")):
         with pytest.raises(AuthRefused, match="secret"):
             fetch(srv.endpoint, cfg, timeout=10)
-    assert srv.stats()["auth_refused"] >= 2 and srv.stats()["manifests_served"] == 1
+    assert _eventually(lambda: srv.stats()["auth_refused"] >= 2)  # counted by the server's monitor thread
+    assert srv.stats()["manifests_served"] == 1
     plain = server()
     plain.publish(_state(), version=1, tokens=0)
     with pytest.raises(AuthRefused):  # we have a secret, the server has none
@@ -200,3 +210,12 @@ def test_closed_server_fails_fetches_fast_and_close_is_idempotent(server):
     srv.close()
     with pytest.raises(TransportError):
         fetch(endpoint, timeout=0.5)
+
+
+def test_endpoint_announces_another_host_and_the_os_chosen_port(server):
+    srv = SnapshotServer("tcp://127.0.0.1:0", NetworkConfig(), announce_host="island-7.example")
+    try:
+        host_port = srv.endpoint.rsplit(":", 1)
+        assert host_port[0] == "tcp://island-7.example" and int(host_port[1]) > 0
+    finally:
+        srv.close()
