@@ -300,6 +300,8 @@ def network_options(f):
     f = click.option("--bandwidth-mbps", type=float, default=None, help="Emulated link bandwidth, Mbit/s.")(f)
     f = click.option("--secret", default=None, envvar="P2P_DILOCO_SECRET",
                      help="Swarm secret; islands without it can neither fetch nor inject state.")(f)
+    f = click.option("--fetch-timeout", type=float, default=10.0, show_default=True,
+                     help="Give up on a partner that sends nothing for this many seconds.")(f)
     return f
 
 
@@ -352,7 +354,7 @@ def join(**kw) -> None:
             train = dataclasses.replace(train, total_steps=kw["max_rounds"] * diloco.local_steps)
         network = NetworkConfig(compression=kw.pop("compression"), max_upload_mbps=kw.pop("max_upload_mbps"),
                                 latency_ms=kw.pop("latency_ms"), bandwidth_mbps=kw.pop("bandwidth_mbps"),
-                                secret=kw.pop("secret"))
+                                secret=kw.pop("secret"), fetch_timeout_s=kw.pop("fetch_timeout"))
         island = IslandConfig(run_dir=Path(kw["run_dir"]), bind_host=kw["host"], announce_host=kw["announce_host"],
                               port=kw["port"], max_tokens=kw["max_tokens"], max_rounds=kw["max_rounds"],
                               max_seconds=kw["max_seconds"], resume=kw["resume"], eval_every=kw["eval_every"],
@@ -409,3 +411,28 @@ def demo(islands, minutes, latency_ms, bandwidth_mbps, compare, workdir, as_json
     console.print(f"bytes moved between islands: {summary['bytes_moved'] / 1e6:.1f} MB   (logs: {summary['workdir']})")
     console.print("sample:", style="bold")
     console.print(summary["sample"], markup=False, highlight=False)
+
+
+@bench.command("swarm")
+@click.option("--islands", "-k", type=click.IntRange(2, 16), default=4, show_default=True)
+@click.option("--tokens", type=int, default=3_000_000, show_default=True, help="Total tokens over all islands.")
+@click.option("--latency-ms", type=float, default=100.0, show_default=True, help="Emulated one-way latency.")
+@click.option("--bandwidth-mbps", type=float, default=1000.0, show_default=True, help="Emulated link bandwidth.")
+@click.option("--compression", type=click.Choice(["fp32", "bf16", "fp16", "int8"]), default="bf16", show_default=True)
+@click.option("--local-steps", "-H", type=int, default=50, show_default=True)
+@click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the islands' files here.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_steps, workdir, as_json) -> None:
+    """Real islands on loopback over an emulated WAN, against the simulator and data parallel."""
+    import json
+    from pathlib import Path
+
+    from peers.bench_swarm import run_bench_swarm
+
+    out = run_bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_steps,
+                          Path(workdir) if workdir else None)
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    for k, v in out.items():
+        click.echo(f"{k:>24}: {v}")

@@ -129,6 +129,10 @@ class Simulation:
         load_vector(model, vec)
         return evaluate(model, self.evals)
 
+    def evaluate_vector(self, vec: torch.Tensor) -> float:
+        """Held-out loss of a flat parameter vector on this simulation's evaluation batches."""
+        return self._eval_vector(build_model(self.model_cfg), vec)
+
     def _link_seconds(self, nbytes: int, hops: int = 1) -> float:
         return hops * self.sim.latency_ms / 1000 + nbytes * 8 / (self.sim.bandwidth_mbps * 1e6)
 

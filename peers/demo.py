@@ -29,10 +29,12 @@ log = logging.getLogger(__name__)
 class DemoConfig:
     islands: int = 4
     minutes: float = 3.0
+    max_tokens: int | None = None
+    """Train this many tokens per island instead of for `minutes` (the swarm benchmark's equal-token budget)."""
     latency_ms: float = 0.0
     bandwidth_mbps: float | None = None
     compare: bool = False
-    local_steps: int = 50
+    local_steps: int = 25
     compression: str = "bf16"
     run_id: str = "demo"
     workdir: Path | None = None
@@ -113,14 +115,15 @@ def _follow(paths: list[Path], stop: threading.Event, out=sys.stderr) -> None:
         stop.wait(0.5)
 
 
-def run_demo(cfg: DemoConfig) -> dict:
-    """Run the demo swarm to completion and return the summary (see `p2p-diloco demo --help`)."""
+def run_swarm(cfg: DemoConfig) -> tuple[Path, list[str], list[dict]]:
+    """Start the bootstrap node and the islands, wait until they finish; returns their summaries."""
     workdir = cfg.workdir or Path(tempfile.mkdtemp(prefix="p2p-diloco-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     swarm = Swarm(workdir)
     names = [f"island-{i}" for i in range(cfg.islands)]
-    args = ["--run-id", cfg.run_id, "--max-seconds", str(cfg.minutes * 60), "-H", str(cfg.local_steps),
-            "--compression", cfg.compression, "--latency-ms", str(cfg.latency_ms), "--eval-every", "5", *cfg.extra_args]
+    limit_args = ["--max-tokens", str(cfg.max_tokens)] if cfg.max_tokens else ["--max-seconds", str(cfg.minutes * 60)]
+    args = ["--run-id", cfg.run_id, *limit_args, "-H", str(cfg.local_steps), "--compression", cfg.compression,
+            "--latency-ms", str(cfg.latency_ms), "--eval-every", "5", *cfg.extra_args]
     if cfg.bandwidth_mbps:
         args += ["--bandwidth-mbps", str(cfg.bandwidth_mbps)]
     stop_follow = threading.Event()
@@ -131,9 +134,9 @@ def run_demo(cfg: DemoConfig) -> dict:
             _dashboard_until_done(swarm, cfg, islands)
         else:
             threading.Thread(target=_follow, args=([workdir / f"{n}.log" for n in names], stop_follow), daemon=True).start()
-        limit = cfg.minutes * 60 + 120  # training time plus start-up, final checkpoint and evaluation
+        limit = cfg.minutes * 60 + 120 if not cfg.max_tokens else None  # plus start-up, checkpoint and evaluation
         for p in islands:
-            p.wait(timeout=max(1.0, limit))
+            p.wait(timeout=limit)
     finally:
         stop_follow.set()
         swarm.stop()
@@ -143,6 +146,12 @@ def run_demo(cfg: DemoConfig) -> dict:
         if not text:
             raise RuntimeError(f"{n} ended without a summary; see {workdir / (n + '.log')}")
         summaries.append(json.loads(text.splitlines()[-1]))
+    return workdir, names, summaries
+
+
+def run_demo(cfg: DemoConfig) -> dict:
+    """Run the demo swarm to completion and return the summary (see `p2p-diloco demo --help`)."""
+    workdir, names, summaries = run_swarm(cfg)
     out = {"islands": [{"id": s["name"], "peer_id": s["peer_id"], "initial_loss": s["initial_loss"], "eval_loss": s["eval_loss"],
                         "tokens": s["tokens"], "version": s["version"], "utilization": s["utilization"]} for s in summaries],
            "baseline_eval_loss": None, "bytes_moved": sum(s["bytes_in"] for s in summaries), "sample": "",

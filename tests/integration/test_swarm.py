@@ -93,3 +93,28 @@ def test_corrupt_checkpoint_is_a_clear_error(procs, tmp_path):
     b = IslandProc(procs, tmp_path, "a", entry, "-H", "5", "--resume", "--max-rounds", "4", run_dir=a.run_dir)
     assert b.proc.wait(60) == 1
     assert "corrupt (checksum mismatch)" in b.tail() and "Traceback" not in b.tail()
+
+
+def test_killed_island_resumes_from_its_checkpoint_and_catches_up(procs, tmp_path):
+    from peers import checkpoint
+
+    _, entry = start_bootstrap(procs, tmp_path)
+    others = [IslandProc(procs, tmp_path, f"i{k}", entry, "-H", "8", "--max-rounds", "400") for k in range(2)]
+    a = IslandProc(procs, tmp_path, "a", entry, "-H", "8")
+    a.wait_rounds(4, 90)
+    a.signal(signal.SIGKILL)
+    a.proc.wait(10)
+    saved = checkpoint.load(checkpoint.latest(a.run_dir / "checkpoints")).meta
+    for o in others:  # the swarm moves on while the island is down
+        o.wait_rounds(len(o.rounds()) + 4, 90)
+    b = IslandProc(procs, tmp_path, "a", entry, "-H", "8", "--resume", "--max-rounds", str(saved["round"] + 3),
+                   run_dir=a.run_dir)
+    s = b.summary(120)
+    resumed = [r for r in b.rounds() if r["round"] > saved["round"]]
+    assert resumed[0]["round"] == saved["round"] + 1  # continued its own count from the checkpoint
+    assert resumed[0]["version"] > saved["version"]
+    t_last = resumed[-1]["time"]
+    swarm_version = max(r["version"] for o in others for r in o.rounds() if r["time"] <= t_last)
+    assert resumed[-1]["version"] >= swarm_version - 3, (resumed, swarm_version)  # caught up to within a few versions
+    for o in others:
+        o.signal(signal.SIGTERM)

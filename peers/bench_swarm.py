@@ -1,0 +1,54 @@
+"""`p2p-diloco bench swarm`: real islands on loopback against the simulator and data parallel.
+
+K island processes (the demo's machinery) train an equal share of a token budget over an
+emulated WAN link; their final anchors are then evaluated on the simulator's held-out batches,
+and the simulator runs `gossip` and `dp` with the same model, data, H, codec, link and total
+tokens. Utilization comes from each island's `metrics.jsonl`: inner-step seconds over wall time.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from peers import checkpoint
+from peers.demo import DemoConfig, run_swarm
+from peers.metrics import read_metrics
+
+
+def utilization(run_dir: Path) -> float:
+    """Share of an island's training wall time spent in inner steps, from its metrics."""
+    rows = [r for r in read_metrics(run_dir) if "round" in r]
+    return sum(r["inner_s"] for r in rows) / max(rows[-1]["wall_s"], 1e-9) if rows else 0.0
+
+
+def run_bench_swarm(islands: int = 4, tokens: int = 3_000_000, latency_ms: float = 100.0,
+                    bandwidth_mbps: float | None = 1000.0, compression: str = "bf16", local_steps: int = 50,
+                    workdir: Path | None = None) -> dict:
+    from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
+    from p2p_diloco.data import load_corpus
+    from p2p_diloco.simulator import SimConfig, Simulation
+
+    train = TrainConfig()
+    round_tokens = local_steps * train.batch_size * ModelConfig().resolved()["block_size"]
+    per_island = max(1, tokens // islands // round_tokens) * round_tokens  # whole rounds: equal tokens everywhere
+    cfg = DemoConfig(islands=islands, max_tokens=per_island, latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps,
+                     local_steps=local_steps, compression=compression, run_id="bench", workdir=workdir)
+    started = time.monotonic()
+    workdir, names, summaries = run_swarm(cfg)
+    swarm_s = time.monotonic() - started
+    total = sum(s["tokens"] for s in summaries)
+    sim = SimConfig(islands=islands, methods=("gossip", "dp"), tokens=total, latency_ms=latency_ms,
+                    bandwidth_mbps=bandwidth_mbps or 1e6, compression=compression)
+    simulation = Simulation(sim, ModelConfig(), train, DiLoCoConfig(local_steps=local_steps), load_corpus())
+    losses = [simulation.evaluate_vector(checkpoint.load(checkpoint.latest(workdir / n / "checkpoints")).tensors["phi"])
+              for n in names]
+    gossip, dp = simulation.run("gossip"), simulation.run("dp")
+    swarm_loss = sum(losses) / len(losses)
+    return {"islands": islands, "tokens": total, "tokens_per_island": [s["tokens"] for s in summaries],
+            "latency_ms": latency_ms, "bandwidth_mbps": bandwidth_mbps, "compression": compression, "local_steps": local_steps,
+            "swarm_eval_loss": swarm_loss, "swarm_eval_loss_worst": max(losses), "per_island_eval_loss": losses,
+            "utilization": [utilization(workdir / n) for n in names],
+            "sim_gossip_eval_loss": gossip.eval_loss, "dp_eval_loss": dp.eval_loss,
+            "ratio_to_dp": swarm_loss / dp.eval_loss, "ratio_to_sim_gossip": swarm_loss / gossip.eval_loss,
+            "bytes_moved": sum(s["bytes_in"] for s in summaries), "swarm_wall_s": round(swarm_s, 1), "workdir": str(workdir)}
