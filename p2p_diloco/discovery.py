@@ -138,6 +138,12 @@ def start_dht(*, initial_peers: list[str], host: str, port: int, timeout: float,
     return dht
 
 
+def _transport_part(maddr: str) -> Multiaddr:
+    """`/ip4/H/tcp/P/p2p/ID` -> `/ip4/H/tcp/P` (the daemon's connect wants the address without the id)."""
+    m = Multiaddr(maddr)
+    return m.decapsulate(Multiaddr(f"/p2p/{m['p2p']}"))
+
+
 async def _reconnect(_dht: hivemind.DHT, node: Any, maddrs: list[str]) -> int:
     """Ping the bootstrap peers; one that restarted learns about us again and answers lookups."""
     found = 0
@@ -145,7 +151,7 @@ async def _reconnect(_dht: hivemind.DHT, node: Any, maddrs: list[str]) -> int:
         peer_id = PeerID.from_base58(Multiaddr(maddr)["p2p"])
         if await node.protocol.call_ping(peer_id) is None:
             try:  # the old connection may be stale: dial the known address, then try once more
-                await node.p2p._client.connect(peer_id, [Multiaddr(maddr)])
+                await node.p2p._client.connect(peer_id, [_transport_part(maddr)])
             except Exception as e:
                 logger.debug("bootstrap %s unreachable: %s", maddr, e)
                 continue

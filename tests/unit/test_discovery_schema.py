@@ -1,0 +1,103 @@
+"""The DHT record guard: hivemind's SchemaValidator with our pydantic model, plus RSA signatures.
+
+Each case builds the exact `DHTRecord` a DHT node receives in `rpc_store` and asks the validators
+a member node runs whether to accept it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import CompositeValidator, DHTRecord
+from hivemind.utils import MSGPackSerializer
+from hivemind.utils.crypto import RSAPrivateKey
+
+from p2p_diloco.discovery import islands_key, make_validators
+from p2p_diloco.membership import IslandRecord, fingerprint
+
+RUN = "schema-test"
+
+
+@pytest.fixture(scope="module")
+def keys():
+    return RSAPrivateKey(), RSAPrivateKey()  # (honest, mallory)
+
+
+def owner_subkey(key: RSAPrivateKey) -> bytes:
+    return make_validators(RUN, key)[1].local_public_key
+
+
+def good_value(key: RSAPrivateKey) -> dict:
+    return IslandRecord(peer_id=fingerprint(owner_subkey(key)), endpoint="tcp://127.0.0.1:5000", version=4, tokens=99,
+                        loss=2.0, state="training", timestamp=time.time()).to_dict()
+
+
+def make_record(signer: RSAPrivateKey | None, value, subkey: bytes, run: str = RUN) -> DHTRecord:
+    raw_subkey = MSGPackSerializer.dumps(subkey) if subkey is not None else b""
+    rec = DHTRecord(DHTID.generate(source=islands_key(run)).to_bytes(), raw_subkey, MSGPackSerializer.dumps(value),
+                    time.time() + 30)
+    if signer is not None:
+        rec = dataclasses.replace(rec, value=CompositeValidator(make_validators(run, signer)).sign_value(rec))
+    return rec
+
+
+def accepted(rec: DHTRecord, run: str = RUN) -> bool:
+    """What a member node of `run` (with its own key) decides about an incoming record."""
+    return CompositeValidator(make_validators(run, RSAPrivateKey())).validate(rec)
+
+
+def test_an_owners_signed_record_and_tombstone_are_accepted(keys):
+    honest, _ = keys
+    assert accepted(make_record(honest, good_value(honest), owner_subkey(honest)))
+    assert accepted(make_record(honest, None, owner_subkey(honest)))
+
+
+@pytest.mark.parametrize("change", [
+    {"version": 4.0}, {"tokens": "99"}, {"loss": float("nan")}, {"state": "sleeping"}, {"tokens_per_s": 1},
+    {"endpoint": "tcp://" + "a" * 10_000 + ":1"}, {"version": 2**63}, {"last_partner": "x" * 100_000},
+    {"evil": "extra field"},
+])
+def test_a_record_off_the_schema_is_refused(keys, change):
+    honest, _ = keys
+    value = {**good_value(honest), **change}
+    assert not accepted(make_record(honest, value, owner_subkey(honest)))
+
+
+def test_a_record_with_a_field_missing_is_refused(keys):
+    honest, _ = keys
+    value = good_value(honest)
+    del value["eval_loss"]
+    assert not accepted(make_record(honest, value, owner_subkey(honest)))
+
+
+def test_nobody_can_write_another_peers_subkey(keys):
+    honest, mallory = keys
+    forged = good_value(honest)
+    forged["endpoint"] = "tcp://6.6.6.6:6666"
+    assert not accepted(make_record(mallory, forged, owner_subkey(honest)))  # signed with the wrong key
+    assert not accepted(make_record(None, forged, owner_subkey(honest)))  # not signed at all
+    assert not accepted(make_record(mallory, None, owner_subkey(honest)))  # a forged tombstone
+
+
+def test_a_record_impersonating_another_peer_id_is_refused(keys):
+    honest, mallory = keys
+    value = good_value(honest)  # honest's peer_id, stored under mallory's own subkey with mallory's signature
+    assert not accepted(make_record(mallory, value, owner_subkey(mallory)))
+
+
+def test_the_key_holds_only_owner_subkeys_with_records(keys):
+    honest, _ = keys
+    assert not accepted(make_record(honest, good_value(honest), b"plain-subkey"))  # subkey without an owner key
+    assert not accepted(make_record(honest, good_value(honest), None))  # a plain value instead of a dictionary
+
+
+def test_a_node_that_does_not_know_the_run_still_checks_signatures(keys):
+    """Like the bootstrap node: it cannot know every run's key, so only signatures apply there."""
+    honest, mallory = keys
+    off_schema = make_record(honest, {**good_value(honest), "version": "x"}, owner_subkey(honest))
+    assert accepted(off_schema, run="another-run")
+    assert not accepted(off_schema)  # every member of the run refuses it, and readers re-check
+    assert not accepted(make_record(mallory, good_value(honest), owner_subkey(honest)), run="another-run")
