@@ -155,6 +155,10 @@ class Membership(abc.ABC):
         """Live members by peer id, own record included; expired and departed ones are absent."""
 
     @abc.abstractmethod
+    def refresh(self, timeout: float = 10.0) -> dict[str, IslandRecord]:
+        """Read the member list from the network now (at most `timeout` seconds), then `members()`."""
+
+    @abc.abstractmethod
     def leave(self) -> None:
         """Withdraw the own record so that it disappears from everyone's view at once."""
 

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -11,7 +13,7 @@ import time
 from functools import partial
 
 import pytest
-from discovery_harness import free_port_pair, run_swarm, wait_until
+from discovery_harness import Bootstrap, free_port_pair, run_swarm, wait_until
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord
@@ -163,3 +165,39 @@ def test_status_against_a_dead_address_fails_readably(tmp_path):
     assert out.returncode == 1
     assert out.stderr.startswith("Error: none of the bootstrap nodes answered") and "Traceback" not in out.stderr
     assert took < 30
+
+
+@pytest.mark.timeout(60)
+def test_any_reachable_bootstrap_is_enough(swarm):
+    boot, a, b, c, recs = swarm
+    dead = f"/ip4/127.0.0.1/tcp/{free_port_pair()}/p2p/QmYunsfm4xYoHz4uJMkxLXo4pXxjcCXHSoV3r3ukZQ1wcE"
+    watcher = open_membership(DiscoveryConfig(run_id="r1", bootstrap=(dead, *boot.multiaddrs), discovery="dht"),
+                              observer=True)
+    try:
+        assert set(watcher.refresh()) == {a.peer_id, b.peer_id}
+    finally:
+        watcher.shutdown()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("sig,group,code", [(signal.SIGTERM, False, 0), (signal.SIGINT, True, 130)])
+def test_bootstrap_stops_cleanly_and_keeps_its_peer_id(procs, tmp_path, sig, group, code):
+    """SIGTERM to the process (a service manager), SIGINT to its whole group (Ctrl+C in a terminal)."""
+    boot = Bootstrap(procs, tmp_path, free_port_pair(), "auto")
+    first = boot.start()
+    assert first[1] == f"tcp://127.0.0.1:{boot.port + 1}"  # the rendezvous sits at the DHT port + 1
+    (os.killpg if group else os.kill)(boot.proc.pid, sig)
+    assert boot.proc.wait(15) == code
+    assert "bootstrap node stopped" in boot.log.read_text()
+    wait_until(lambda: not group_alive(boot.proc.pid), 10, "the DHT process and the libp2p daemon to exit too")
+    assert (tmp_path / "bootstrap.key").stat().st_mode & 0o077 == 0  # a private key: owner-only
+    assert boot.start() == first  # same identity file and port: the same addresses, peer id included
+    assert boot.stop(signal.SIGTERM) == 0
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False

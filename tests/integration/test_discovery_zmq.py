@@ -142,3 +142,16 @@ def test_status_against_a_dead_or_malformed_address_fails_readably():
     out = subprocess.run([sys.executable, "-m", "p2p_diloco", "status", "--bootstrap", "localhost:80"],
                          capture_output=True, text=True, timeout=25)
     assert out.returncode == 2 and "is not a bootstrap address" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.timeout(30)
+def test_any_reachable_rendezvous_is_enough(swarm):
+    server, a, b, c, recs = swarm
+    dead = f"tcp://127.0.0.1:{free_port_pair()}"
+    watcher = open_membership(DiscoveryConfig(run_id="r1", bootstrap=(dead, server.address), discovery="zmq",
+                                              connect_timeout=3), observer=True)
+    try:
+        assert set(watcher.refresh()) == {a.peer_id, b.peer_id}
+        assert watcher.bootstrap_nodes == {server.address: "test-node"}
+    finally:
+        watcher.shutdown()
