@@ -18,6 +18,7 @@ import logging
 import math
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +69,7 @@ class Fetcher:
         self.config = config or NetworkConfig()
         self._rid = 0
         self._up = False
+        self._pool: ThreadPoolExecutor | None = None
         self._pacer = Pacer(self.config.latency_ms, link_rate(self.config.bandwidth_mbps, None))
         sock = client_context().socket(zmq.DEALER)
         self._sock = sock
@@ -126,6 +128,7 @@ class Fetcher:
         next_off = inflight[-1][0] + inflight[-1][1] if inflight else 0
         in_bytes = next_off
         chunks = 0
+        verifying: deque[Future] = deque()  # digest and finiteness checks running on the verify thread
         stall = time.monotonic() + timeout
         while not asm.done:
             window = ctl.window_bytes(m.block)
@@ -145,7 +148,10 @@ class Fetcher:
             if (reply.sid, reply.offset, reply.length, reply.rid) != (m.sid, off, n, rid):
                 raise ProtocolError(f"{self.endpoint} sent chunk [{reply.offset}, +{reply.length}) of {reply.sid} "
                                     f"(rid {reply.rid}); expected [{off}, +{n}) of {m.sid} (rid {rid})")
-            asm.accept(reply.offset, reply.payload)
+            verifying.append(self._verifier().submit(asm.verify, reply.offset, reply.payload))
+            asm.decode(reply.offset, reply.payload)  # meanwhile, on this thread
+            while len(verifying) > 2 or (verifying and verifying[0].done()):
+                verifying.popleft().result()  # raises BadPayload
             now = time.monotonic()
             inflight.popleft()
             in_bytes -= n
@@ -153,6 +159,8 @@ class Fetcher:
             if sent is not None:
                 ctl.on_rtt(now - sent)
             chunks, stall = chunks + 1, now + timeout
+        while verifying:
+            verifying.popleft().result()
         seconds = time.monotonic() - t0
         flowcontrol.remember(self.endpoint, ctl.estimate())
         busy = seconds - ctl.min_rtt  # a request's trip out and the last byte's trip back are unavoidable
@@ -165,6 +173,9 @@ class Fetcher:
 
     def close(self) -> None:
         self._pacer.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         sock = getattr(self, "_sock", None)
         if sock is not None and not sock.closed:
             try:
@@ -183,6 +194,12 @@ class Fetcher:
         self.close()
 
     # -- internals --------------------------------------------------------------------------------
+
+    def _verifier(self) -> ThreadPoolExecutor:
+        """One thread that digests and checks chunks while this one decodes (both release the GIL)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fetch-verify")
+        return self._pool
 
     def _next_rid(self) -> int:
         self._rid += 1

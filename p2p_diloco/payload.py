@@ -2,7 +2,7 @@
 receiving side that rebuilds them chunk by chunk.
 
 The publisher pays once (encode, copy, hash every block) so that serving is zero-copy slicing of
-one buffer. The receiver checks every block's blake3 digest against the manifest and every value
+one buffer. The receiver checks every block's XXH3-128 digest against the manifest and every value
 for finiteness as the bytes arrive, and decodes each chunk straight into the fp32 destination
 tensors, so a fetch holds no more than the state itself plus the chunks in flight. Bytes only:
 no sockets here (see `transport.py`), no message framing (see `wire.py`).
@@ -10,21 +10,28 @@ no sockets here (see `transport.py`), no message framing (see `wire.py`).
 
 from __future__ import annotations
 
+import ctypes
+import logging
+import mmap
 import secrets
+import threading
 from collections.abc import Mapping
 from typing import Any
 
-import blake3
 import torch
+import xxhash
 
 from p2p_diloco import codecs
 from p2p_diloco.errors import BadPayload, ProtocolError
 from p2p_diloco.wire import DIGEST_SIZE, MAX_NAME, MAX_TENSORS, Manifest, TensorSpec, align_up, check_meta, choose_block
 
 def block_digests(buf: memoryview, block: int) -> bytes:
-    """Concatenated blake3 digests of each `block`-byte block of `buf` (the last may be short)."""
-    return b"".join(blake3.blake3(buf[i : i + block]).digest()
-                    for i in range(0, buf.nbytes, block))
+    """Concatenated XXH3-128 digests of each `block`-byte block of `buf` (the last may be short).
+
+    A fast non-cryptographic hash on purpose: the digests come from the same peer as the bytes, so
+    they guard against corruption and mix-ups, not forgery (that is the swarm secret's job).
+    """
+    return b"".join(xxhash.xxh3_128_digest(buf[i : i + block]) for i in range(0, buf.nbytes, block))
 
 
 def pack(tensors: Mapping[str, torch.Tensor], codec: str, *, version: int, tokens: int,
@@ -68,14 +75,17 @@ def pack(tensors: Mapping[str, torch.Tensor], codec: str, *, version: int, token
 class Assembler:
     """Rebuilds a snapshot's fp32 tensors from its chunks, in order, checking as they arrive.
 
-    Memory: the fp32 outputs (one copy of the state) plus, for int8, each tensor's scales
-    (1/64 of its fp32 size); chunks are decoded in place and not kept.
+    `verify` (digests, and finiteness of fp32/bf16/fp16 values) touches nothing shared, so a
+    fetcher may run it on another thread while `decode` writes the previous or the same chunk;
+    `accept` does both in turn. Memory: the fp32 outputs (one copy of the state) plus, for int8,
+    each tensor's scales (1/64 of its fp32 size); chunks are decoded in place and not kept.
     """
 
     def __init__(self, manifest: Manifest) -> None:
         self.manifest = manifest
         self.received = 0
-        self._out = {t.name: torch.empty(t.numel, dtype=torch.float32) for t in manifest.tensors}
+        self._out = {t.name: _output(t.numel) for t in manifest.tensors}
+        _Prefaulter(list(self._out.values())).start()
         self._scales = {t.name: torch.empty(-(-t.numel // codecs.INT8_BLOCK), dtype=torch.float32)
                         for t in manifest.tensors if t.codec == "int8"}
         self._next = 0  # index of the first tensor not yet complete
@@ -86,51 +96,69 @@ class Assembler:
 
     def accept(self, offset: int, payload: Any) -> None:
         """Check and decode the chunk `[offset, offset + len(payload))`; raise `BadPayload` if bad."""
-        m, data = self.manifest, memoryview(payload)
-        n, end = data.nbytes, offset + data.nbytes
-        if offset != self.received:
-            raise BadPayload(f"chunk at byte {offset} arrived out of order (expected {self.received})")
-        if n == 0 or end > m.total or (n % m.block and end != m.total):
-            raise BadPayload(f"chunk [{offset}, {end}) does not fit the manifest's blocks")
-        first = offset // m.block
-        got = b"".join(blake3.blake3(data[p : p + m.block]).digest() for p in range(0, n, m.block))
-        if got != m.digests[first * DIGEST_SIZE : first * DIGEST_SIZE + len(got)]:
-            bad = next(k for k in range(len(got) // DIGEST_SIZE) if got[k * DIGEST_SIZE : (k + 1) * DIGEST_SIZE]
-                       != m.digest(first + k))
-            raise BadPayload(f"digest mismatch in block {first + bad} (bytes {offset + bad * m.block}..)")
-        src = torch.frombuffer(data, dtype=torch.uint8)
-        while self._next < len(m.tensors):
-            t = m.tensors[self._next]
+        self.verify(offset, payload)
+        self.decode(offset, payload)
+
+    def _segments(self, offset: int, end: int, start: int = 0):
+        """(tensor index, spec, byte range [a, b)) of each tensor the range [offset, end) covers."""
+        tensors = self.manifest.tensors
+        for i in range(start, len(tensors)):
+            t = tensors[i]
             a, b = max(offset, t.offset), min(end, t.offset + t.nbytes)
             if a >= end:
-                break
+                return
+            yield i, t, a, b
+
+    def verify(self, offset: int, payload: Any) -> None:
+        """Digest every block of the chunk and check its fp32/bf16/fp16 values are finite."""
+        m, data = self.manifest, memoryview(payload)
+        n, end = data.nbytes, offset + data.nbytes
+        if n == 0 or offset % m.block or end > m.total or (n % m.block and end != m.total):
+            raise BadPayload(f"chunk [{offset}, {end}) does not fit the manifest's blocks")
+        first = offset // m.block
+        got = block_digests(data, m.block)
+        if got != m.digests[first * DIGEST_SIZE : first * DIGEST_SIZE + len(got)]:
+            bad = next(k for k in range(len(got) // DIGEST_SIZE)
+                       if got[k * DIGEST_SIZE : (k + 1) * DIGEST_SIZE] != m.digest(first + k))
+            raise BadPayload(f"digest mismatch in block {first + bad} (bytes {offset + bad * m.block}..)")
+        src = torch.frombuffer(data, dtype=torch.uint8) if n else None
+        for _, t, a, b in self._segments(offset, end):
+            if a < b and t.codec != "int8":  # int8 is checked after decoding (code x scale can overflow)
+                seg = src[a - offset : b - offset].view(_DTYPES[t.codec])
+                if not codecs.all_finite(seg):
+                    raise BadPayload(f"tensor {t.name!r} holds NaN or infinite values")
+
+    def decode(self, offset: int, payload: Any) -> None:
+        """Write a verified chunk into the outputs; chunks must come in order."""
+        data = memoryview(payload)
+        end = offset + data.nbytes
+        if offset != self.received:
+            raise BadPayload(f"chunk at byte {offset} arrived out of order (expected {self.received})")
+        src = torch.frombuffer(data, dtype=torch.uint8)
+        for i, t, a, b in self._segments(offset, end, self._next):
             if a < b:
                 self._decode(t, a - t.offset, src[a - offset : b - offset])
             if b < t.offset + t.nbytes:
                 break
-            self._next += 1
+            self._next = i + 1
         self.received = end
 
     def _decode(self, t: TensorSpec, rel: int, seg: torch.Tensor) -> None:
         out = self._out[t.name]
         if t.codec != "int8":
-            width = 4 if t.codec == "fp32" else 2
-            done = codecs.decode_range_into(out, seg, t.codec, rel // width)
-            if not codecs.all_finite(done):
-                raise BadPayload(f"tensor {t.name!r} holds NaN or infinite values")
+            codecs.decode_range_into(out, seg, t.codec, rel // (4 if t.codec == "fp32" else 2))
             return
         scales = self._scales[t.name]
         n_scale_bytes = 4 * scales.numel()
         if rel < n_scale_bytes:  # part (or all) of this segment is the scale vector
             k = min(seg.numel(), n_scale_bytes - rel)
-            part = scales.view(torch.uint8)[rel : rel + k]
-            part.copy_(seg[:k])
-            if not codecs.all_finite(part.view(torch.float32)):
-                raise BadPayload(f"tensor {t.name!r} has NaN or infinite int8 scales")
+            scales.view(torch.uint8)[rel : rel + k].copy_(seg[:k])
             seg, rel = seg[k:], rel + k
         if seg.numel():
             assert rel >= n_scale_bytes, "scales precede codes in order"
-            codecs.decode_range_into(out, seg, "int8", rel - n_scale_bytes, scales=scales)
+            done = codecs.decode_range_into(out, seg, "int8", rel - n_scale_bytes, scales=scales)
+            if not codecs.all_finite(done):
+                raise BadPayload(f"tensor {t.name!r} has NaN or infinite int8 values (bad scales)")
 
     def result(self) -> dict[str, torch.Tensor]:
         """The decoded tensors in their published shapes; only once every byte has arrived."""
@@ -138,3 +166,48 @@ class Assembler:
             raise BadPayload(f"snapshot incomplete: {self.received} of {self.manifest.total} bytes")
         return {t.name: self._out[t.name].view(t.shape) for t in self.manifest.tensors}
 
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_MADV_POPULATE_WRITE = 23  # Linux >= 5.14: fault pages in, writable, without touching their contents
+_PREFAULT_STEP = 8 * 1024 * 1024
+log = logging.getLogger(__name__)
+
+
+def _output(numel: int) -> torch.Tensor:
+    """A fresh fp32 buffer in its own anonymous mapping (page-aligned, so it can be prefaulted)."""
+    if numel * 4 < _PREFAULT_STEP:
+        return torch.empty(numel, dtype=torch.float32)
+    return torch.frombuffer(mmap.mmap(-1, numel * 4), dtype=torch.float32)
+
+
+class _Prefaulter(threading.Thread):
+    """Faults the output buffers in on another core, ahead of the chunks being copied into them.
+
+    A fresh buffer costs a page fault per 4 KiB on first write, as much CPU as the copy itself; with
+    the pages made present here (MADV_POPULATE_WRITE, which writes nothing, so racing the decoder
+    is harmless) the decoding thread only copies. Where the kernel lacks it, nothing happens.
+    """
+
+    _madvise = None
+    _supported = True
+
+    def __init__(self, outputs: list[torch.Tensor]) -> None:
+        super().__init__(name="fetch-prefault", daemon=True)
+        self._outputs = [t for t in outputs if t.numel() * 4 >= _PREFAULT_STEP]  # keeps them mapped meanwhile
+
+    def start(self) -> None:
+        if self._outputs and _Prefaulter._supported:
+            super().start()
+
+    def run(self) -> None:
+        if _Prefaulter._madvise is None:
+            libc = ctypes.CDLL(None, use_errno=True)  # a foreign call releases the GIL
+            libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            _Prefaulter._madvise = libc.madvise
+        for t in self._outputs:
+            addr, size = t.data_ptr(), t.numel() * 4
+            for off in range(0, size, _PREFAULT_STEP):
+                if _Prefaulter._madvise(addr + off, min(_PREFAULT_STEP, size - off), _MADV_POPULATE_WRITE):
+                    _Prefaulter._supported = False
+                    log.debug("prefaulting unavailable (errno %d)", ctypes.get_errno())
+                    return

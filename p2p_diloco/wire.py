@@ -34,7 +34,7 @@ MAX_TENSORS, MAX_NAME, MAX_DIMS = 64, 128, 8
 MAX_META_ITEMS, MAX_META_KEY, MAX_META_STR, MAX_META_BYTES = 64, 64, 1024, 16 * KiB
 MAX_INT = 2**63 - 1
 ALIGN = 64  # every tensor starts at a multiple of this many bytes in the payload
-DIGEST, DIGEST_SIZE = "blake3", 32
+DIGEST, DIGEST_SIZE = "xxh3-128", 16
 DTYPE = "float32"  # what every tensor decodes to, whatever codec carried it
 
 ERROR_CODES = ("version", "bad_request", "no_snapshot", "gone", "busy")
@@ -66,7 +66,7 @@ class Manifest:
     tensors: tuple[TensorSpec, ...]
     total: int  # payload bytes
     block: int  # digest granularity; chunk offsets and lengths are multiples of it
-    digests: bytes  # blake3 of each block, DIGEST_SIZE bytes each, in order
+    digests: bytes  # XXH3-128 of each block, DIGEST_SIZE bytes each, in order
 
     @property
     def n_blocks(self) -> int:

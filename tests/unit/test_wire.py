@@ -119,7 +119,7 @@ def _mutated(m: wire.Manifest, path: tuple, value) -> dict:
     (("tensors", 1, "name"), "phi", "repeated"),
     (("tensors", 1, "name"), "", "empty"),
     (("total",), 10, "end of last tensor"),
-    (("digests",), b"\x00" * 31, "digest bytes"),
+    (("digests",), b"\x00" * 15, "digest bytes"),
     (("block",), 100_000, "power of two"),
     (("block",), 1024, "outside"),
     (("digest",), "md5", "is not"),
