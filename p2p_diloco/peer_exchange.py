@@ -27,7 +27,9 @@ from p2p_diloco import addresses
 from p2p_diloco.config import DiscoveryConfig
 from p2p_diloco.errors import DiscoveryError
 from p2p_diloco.membership import IslandRecord, Membership
-from p2p_diloco.rendezvous import MAX_MESSAGE_BYTES, Entry, MemberTable, SigningKey, answer_sync, decode, encode
+from p2p_diloco.rendezvous import (
+    MAX_MESSAGE_BYTES, Entry, MemberTable, SigningKey, answer_sync, decode, encode, pick_entries,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -193,6 +195,9 @@ class ZmqMembership(Membership):
                     self._polls += 1
                     self._poll_done.notify_all()
                 self._log_view()
+                keep = set(self._bootstraps) | set(self._peers(None))
+                for ep in [ep for ep in self._dealers if ep not in keep]:
+                    self._drop_dealer(ep)  # an island that left: stop redialling it
             self._serve_for(IDLE_WAIT)
 
     def _put(self, entry: Entry) -> None:
@@ -221,6 +226,7 @@ class ZmqMembership(Membership):
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES + 1024)
             sock.setsockopt(zmq.SNDHWM, 4)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)  # back off while an endpoint is down
             sock.connect(ep)
             self._poller.register(sock, zmq.POLLIN)
         return sock
@@ -234,7 +240,7 @@ class ZmqMembership(Membership):
     def _sync(self, targets: list[str], timeout: float = REQUEST_TIMEOUT) -> set[str]:
         """One request/reply with each target, serving incoming requests meanwhile; returns who answered."""
         with self._lock:
-            entries = [] if self.observer else [e.wire() for e in self._table.live(time.time())]
+            entries = [] if self.observer else pick_entries(self._table.live(time.time()), first=self.peer_id)
         request = encode({"type": "sync", "run": self.config.run_id, "entries": entries})
         pending: dict[zmq.Socket, str] = {}
         for ep in dict.fromkeys(targets):

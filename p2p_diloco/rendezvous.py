@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import threading
 import time
 from dataclasses import dataclass
@@ -191,6 +192,18 @@ class MemberTable:
         return {e.peer_id: e.record for e in self.entries.values() if e.expires > now and e.record is not None}
 
 
+def pick_entries(entries: list[Entry], first: str | None = None) -> list[dict[str, bytes]]:
+    """Wire form of as many entries as fit in one message: `first`'s own entry, then a random sample."""
+    entries = sorted(entries, key=lambda e: (e.peer_id != first, random.random()))
+    out, size = [], 0
+    for e in entries[:MAX_ENTRIES]:
+        size += len(e.body) + 128
+        if size > MAX_MESSAGE_BYTES - 65536:
+            break
+        out.append(e.wire())
+    return out
+
+
 def answer_sync(table: MemberTable, msg: dict[str, Any], node_id: str) -> tuple[bytes, list[Entry]]:
     """Merge a sync request's entries into `table`; the reply carries the table back."""
     entries = msg.get("entries")
@@ -200,8 +213,8 @@ def answer_sync(table: MemberTable, msg: dict[str, Any], node_id: str) -> tuple[
     changed, refused = table.merge(entries, now)
     if refused:
         logger.info("run %r: refused %d of %d entries, first because: %s", table.run_id, len(refused), len(entries), refused[0])
-    live = table.live(now)[:MAX_ENTRIES]
-    return encode({"type": "sync", "run": table.run_id, "node": node_id, "entries": [e.wire() for e in live]}), changed
+    entries = pick_entries(table.live(now), first=node_id)
+    return encode({"type": "sync", "run": table.run_id, "node": node_id, "entries": entries}), changed
 
 
 def log_changes(changed: list[Entry], where: str) -> None:

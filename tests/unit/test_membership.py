@@ -13,7 +13,9 @@ from p2p_diloco import addresses
 from p2p_diloco.config import DiscoveryConfig
 from p2p_diloco.errors import ConfigError, DiscoveryError
 from p2p_diloco.membership import IslandRecord, fingerprint, format_islands
-from p2p_diloco.rendezvous import MAX_MESSAGE_BYTES, Entry, MemberTable, SigningKey, answer_sync, decode, encode
+from p2p_diloco.rendezvous import (
+    MAX_MESSAGE_BYTES, Entry, MemberTable, SigningKey, answer_sync, decode, encode, pick_entries,
+)
 
 PID = "0123456789abcdef0123"
 MADDR = "/ip4/127.0.0.1/tcp/4100/p2p/QmYunsfm4xYoHz4uJMkxLXo4pXxjcCXHSoV3r3ukZQ1wcE"
@@ -201,3 +203,14 @@ def test_decode_refuses_garbage_with_a_reason(data, why):
     with pytest.raises(ValueError, match=why):
         decode(data)
     assert decode(encode({"type": "sync"})) == {"v": 1, "type": "sync"}
+
+
+def test_a_message_carries_the_own_entry_first_and_stays_under_the_size_limit():
+    keys = [SigningKey() for _ in range(3)]
+    entries = [entry(k) for k in keys]
+    picked = pick_entries(entries, first=keys[2].peer_id)
+    assert len(picked) == 3 and picked[0] == entries[2].wire()
+    many = [entries[0]] * 5000  # more than one message may hold
+    picked = pick_entries(many)
+    assert len(encode({"type": "sync", "entries": picked})) <= MAX_MESSAGE_BYTES
+    assert 0 < len(picked) <= 1024
