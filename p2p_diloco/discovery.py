@@ -18,6 +18,7 @@ re-validate whatever they fetch, and drop a node's copy that holds anything malf
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -123,7 +124,12 @@ def start_dht(*, initial_peers: list[str], host: str, port: int, timeout: float,
     kwargs: dict[str, Any] = dict(host_maddrs=[_host_maddr(host, port)], client_mode=client_mode,
                                   identity_path=identity_path, num_replicas=DHT_REPLICAS)
     if announce_host:
-        kwargs["announce_maddrs"] = [_host_maddr(announce_host, port)] if port else None
+        if port == 0:  # the announced address needs the port before the daemon picks one
+            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+                probe.bind((host, 0))
+                port = probe.getsockname()[1]
+            kwargs["host_maddrs"] = [_host_maddr(host, port)]
+        kwargs["announce_maddrs"] = [_host_maddr(announce_host, port)]
     dht = hivemind.DHT(initial_peers=initial_peers or None, start=False, record_validators=validators or (), **kwargs)
     try:
         dht.run_in_background(await_ready=True, timeout=timeout)
@@ -138,7 +144,7 @@ def start_dht(*, initial_peers: list[str], host: str, port: int, timeout: float,
     return dht
 
 
-def _transport_part(maddr: str) -> Multiaddr:
+def dial_address(maddr: str) -> Multiaddr:
     """`/ip4/H/tcp/P/p2p/ID` -> `/ip4/H/tcp/P` (the daemon's connect wants the address without the id)."""
     m = Multiaddr(maddr)
     return m.decapsulate(Multiaddr(f"/p2p/{m['p2p']}"))
@@ -151,7 +157,7 @@ async def _reconnect(_dht: hivemind.DHT, node: Any, maddrs: list[str]) -> int:
         peer_id = PeerID.from_base58(Multiaddr(maddr)["p2p"])
         if await node.protocol.call_ping(peer_id) is None:
             try:  # the old connection may be stale: dial the known address, then try once more
-                await node.p2p._client.connect(peer_id, [_transport_part(maddr)])
+                await node.p2p._client.connect(peer_id, [dial_address(maddr)])
             except Exception as e:
                 logger.debug("bootstrap %s unreachable: %s", maddr, e)
                 continue
@@ -203,6 +209,9 @@ class DhtMembership(Membership):
             raise DiscoveryError("watching a run needs at least one bootstrap multiaddr")
         self.dht = start_dht(initial_peers=self._maddrs, host=config.host, port=config.port, timeout=config.connect_timeout,
                              announce_host=config.announce_host, validators=validators, client_mode=observer)
+        self.libp2p_peer_id = str(self.dht.peer_id)
+        """The DHT node's libp2p id (not the island's peer id, which is the fingerprint of its record key)."""
+        self._visible_maddrs = [str(m) for m in self.dht.get_visible_maddrs()]  # asked now: later only the thread talks to the DHT
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -224,7 +233,7 @@ class DhtMembership(Membership):
 
     def visible_maddrs(self) -> list[str]:
         """This island's own DHT multiaddrs (another island may bootstrap from them)."""
-        return [str(m) for m in self.dht.get_visible_maddrs()]
+        return list(self._visible_maddrs)
 
     def announce(self, record: IslandRecord) -> None:
         self._check_own(record)
@@ -349,6 +358,8 @@ class DhtMembership(Membership):
             get = self._pending_get
             if get is not None and get[0].done():
                 self._pending_get = None
+                if get[0].exception() is not None:
+                    logger.info("a DHT read failed: %s", get[0].exception())
                 self._merge(None if get[0].exception() is not None else get[0].result())
             elif get is not None and now - get[1] > GET_TIMEOUT:
                 logger.info("a DHT read took over %.0f s; starting a new one", GET_TIMEOUT)
@@ -358,11 +369,13 @@ class DhtMembership(Membership):
                 self._full_requested = False
                 self._pending_get = (self._issue(self.dht.get(self._key, latest=full, return_future=True)), now)
                 last_poll, last_full = now, now if full else last_full
-            due = min(last_poll + cfg.poll, last_store + cfg.refresh if record is not None else float("inf"),
-                      last_reconnect + cfg.refresh if self._maddrs else float("inf"))
-            if self._dirty:
-                due = min(due, last_store + MIN_STORE_GAP)
-            self._wake.wait(timeout=max(0.01, due - time.monotonic()))
+            # sleep until the next thing is due; a finishing future wakes the thread early
+            due = [last_poll + cfg.poll if self._pending_get is None else self._pending_get[1] + GET_TIMEOUT]
+            if record is not None and store is None:
+                due.append(last_store + (MIN_STORE_GAP if self._dirty else cfg.refresh))
+            if self._maddrs and (reconnect is None or reconnect.done()):
+                due.append(last_reconnect + cfg.refresh)
+            self._wake.wait(timeout=max(0.01, min(due) - time.monotonic()))
 
     def _wait(self, future: Any, what: str) -> Any:
         try:

@@ -80,7 +80,7 @@ async def _store_at(_dht, node, target: str, maddrs: list[str], key: str, subkey
     key_id = DHTID.generate(source=key)
     rec = DHTRecord(key_id.to_bytes(), MSGPackSerializer.dumps(subkey), MSGPackSerializer.dumps(value), expiration)
     peer = PeerID.from_base58(target)
-    await node.p2p._client.connect(peer, [discovery._transport_part(m) for m in maddrs])
+    await node.p2p._client.connect(peer, [discovery.dial_address(m) for m in maddrs])
     ok = await node.protocol.call_store(peer, [key_id], [signer.sign_value(rec)], [expiration], subkeys=[subkey])
     return None if ok is None else list(ok)  # a protobuf field does not cross the process boundary
 
@@ -102,7 +102,7 @@ def test_forged_and_malformed_records_are_refused(swarm):
     boot, a, b, c, recs = swarm
     mallory = discovery.start_dht(initial_peers=boot.addresses[:1], host="127.0.0.1", port=0, timeout=20)
     try:
-        targets = {"A": (str(a.dht.peer_id), a.visible_maddrs()), "B": (str(b.dht.peer_id), b.visible_maddrs()),
+        targets = {"A": (a.libp2p_peer_id, a.visible_maddrs()), "B": (b.libp2p_peer_id, b.visible_maddrs()),
                    "bootstrap": (boot.peer_id, boot.multiaddrs)}
         verdicts = {}
         signer = RSASignatureValidator(RSAPrivateKey())  # mallory's own key
