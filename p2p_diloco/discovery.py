@@ -211,7 +211,8 @@ class DhtMembership(Membership):
                              announce_host=config.announce_host, validators=validators, client_mode=observer)
         self.libp2p_peer_id = str(self.dht.peer_id)
         """The DHT node's libp2p id (not the island's peer id, which is the fingerprint of its record key)."""
-        self._visible_maddrs = [str(m) for m in self.dht.get_visible_maddrs()]  # asked now: later only the thread talks to the DHT
+        # asked now, because from here on only the background thread talks to the DHT process
+        self._visible_maddrs = [str(m) for m in self.dht.get_visible_maddrs()]
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
