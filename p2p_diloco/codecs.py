@@ -128,11 +128,18 @@ def decode_range_into(out: torch.Tensor, buf: torch.Tensor, codec: str, start: i
             raise CodecError("int8 range decoding needs the tensor's scales")
         n = buf.numel()
         dst = out[start : start + n]
-        if n:
-            b0, b1 = start // INT8_BLOCK, (start + n - 1) // INT8_BLOCK + 1
-            first = start - b0 * INT8_BLOCK
-            s = scales[b0:b1].repeat_interleave(INT8_BLOCK)[first : first + n]  # (n,)
-            torch.mul(buf.view(torch.int8), s, out=dst)
+        dst.copy_(buf.view(torch.int8))  # codes as floats, then scaled block by block in place
+        i = 0  # position in this slice
+        while i < n:
+            b, pos = divmod(start + i, INT8_BLOCK)
+            if pos == 0 and n - i >= INT8_BLOCK:  # a run of whole blocks: one broadcast multiply
+                k = (n - i) // INT8_BLOCK
+                dst[i : i + k * INT8_BLOCK].view(k, INT8_BLOCK).mul_(scales[b : b + k, None])
+                i += k * INT8_BLOCK
+            else:  # the partial block at either end
+                m = min(INT8_BLOCK - pos, n - i)
+                dst[i : i + m].mul_(scales[b])
+                i += m
         return dst
     width = 4 if codec == "fp32" else 2
     if buf.numel() % width:

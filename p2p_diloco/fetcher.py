@@ -131,6 +131,8 @@ class Fetcher:
         verifying: deque[Future] = deque()  # digest and finiteness checks running on the verify thread
         stall = time.monotonic() + timeout
         while not asm.done:
+            while verifying and verifying[0].done():
+                _checked(verifying.popleft())
             window = ctl.window_bytes(m.block)
             while next_off < m.total and in_bytes < window and len(inflight) < wire.MAX_INFLIGHT:
                 n = min(ctl.chunk_bytes(m.block), m.total - next_off)
@@ -140,27 +142,26 @@ class Fetcher:
                 next_off += n
                 in_bytes += n
             reply = self._wait(stall, m, first, timeout)
+            now = time.monotonic()
             if reply.rid < first:
                 continue  # a late answer to an earlier, abandoned exchange
             if not isinstance(reply, wire.ChunkReply):
                 raise ProtocolError(f"{self.endpoint} sent an unexpected {type(reply).__name__} mid-transfer")
-            off, n, rid, sent = inflight[0]
+            off, n, rid, sent = inflight.popleft()
             if (reply.sid, reply.offset, reply.length, reply.rid) != (m.sid, off, n, rid):
                 raise ProtocolError(f"{self.endpoint} sent chunk [{reply.offset}, +{reply.length}) of {reply.sid} "
                                     f"(rid {reply.rid}); expected [{off}, +{n}) of {m.sid} (rid {rid})")
-            verifying.append(self._verifier().submit(asm.verify, reply.offset, reply.payload))
-            asm.decode(reply.offset, reply.payload)  # meanwhile, on this thread
-            while len(verifying) > 2 or (verifying and verifying[0].done()):
-                verifying.popleft().result()  # raises BadPayload
-            now = time.monotonic()
-            inflight.popleft()
-            in_bytes -= n
             ctl.on_delivery(n, now)
             if sent is not None:
                 ctl.on_rtt(now - sent)
             chunks, stall = chunks + 1, now + timeout
+            verifying.append(self._verifier().submit(asm.verify, reply.offset, reply.payload))
+            asm.decode(reply.offset, reply.payload)  # meanwhile, on this thread
+            in_bytes -= n
+            while len(verifying) > 2:  # at most 3 chunks wait for their check, beyond the window
+                _checked(verifying.popleft())
         while verifying:
-            verifying.popleft().result()
+            _checked(verifying.popleft())
         seconds = time.monotonic() - t0
         flowcontrol.remember(self.endpoint, ctl.estimate())
         busy = seconds - ctl.min_rtt  # a request's trip out and the last byte's trip back are unavoidable
@@ -288,6 +289,11 @@ class Fetcher:
                 was_up, self._up = self._up, False
                 if busy and was_up:
                     raise ConnectionLost(f"{self.endpoint} closed the connection mid-exchange")
+
+
+def _checked(job: Future) -> None:
+    """Wait for one chunk's verification (raising `BadPayload` if it failed)."""
+    job.result()
 
 
 def _with_rtt(prior: flowcontrol.LinkEstimate | None, rtt: float) -> flowcontrol.LinkEstimate | None:
