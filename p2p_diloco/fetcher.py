@@ -75,7 +75,7 @@ class Fetcher:
         self._sock = sock
         try:
             sock.linger = 0
-            sock.setsockopt(zmq.MAXMSGSIZE, max(wire.MAX_CHUNK, wire.MAX_MANIFEST_BYTES))
+            sock.setsockopt(zmq.MAXMSGSIZE, max(wire.MAX_CHUNK, wire.MAX_MANIFEST_BYTES) + wire.FRAME_OVERHEAD)
             sock.rcvhwm = sock.sndhwm = wire.MAX_INFLIGHT + 16
             if self.config.secret is not None:
                 keys = swarm_keys(self.config.secret)

@@ -137,7 +137,7 @@ class SnapshotServer:
         try:
             self._sock = self._ctx.socket(zmq.ROUTER)
             self._sock.linger = 0
-            self._sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_REQUEST_BYTES)
+            self._sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_REQUEST_BYTES + wire.FRAME_OVERHEAD)
             self._sock.router_mandatory = 1  # sending to a peer that left raises, so its backlog can go
             self._sock.rcvhwm = 4 * wire.MAX_INFLIGHT
             self._sock.sndhwm = 4 * wire.MAX_INFLIGHT

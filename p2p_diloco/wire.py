@@ -33,6 +33,7 @@ MAX_BLOCKS = 65536  # digest blocks per snapshot (the block grows with the state
 MAX_TENSORS, MAX_NAME, MAX_DIMS = 64, 128, 8
 MAX_META_ITEMS, MAX_META_KEY, MAX_META_STR, MAX_META_BYTES = 64, 64, 1024, 16 * KiB
 MAX_INT = 2**63 - 1
+FRAME_OVERHEAD = 1024  # socket-level slack over these limits: CurveZMQ adds a box header and a MAC per frame
 ALIGN = 64  # every tensor starts at a multiple of this many bytes in the payload
 DIGEST, DIGEST_SIZE = "xxh3-128", 16
 DTYPE = "float32"  # what every tensor decodes to, whatever codec carried it

@@ -139,7 +139,8 @@ def test_fuzzed_requests_are_rejected_and_the_server_keeps_serving(procs):
         counted["cases"] += 1
         counted["invalid"] += probe.check(_random_frames(rng, valid))
     # oversized requests are cut off by the socket before anything parses them
-    for size in (wire.MAX_REQUEST_BYTES + 1, 1 << 20):
+    assert probe.check([b"\x81" * (wire.MAX_REQUEST_BYTES + 1)])  # over the limit: refused unparsed
+    for size in (wire.MAX_REQUEST_BYTES + wire.FRAME_OVERHEAD + 1, 1 << 20):
         probe.sock.send(b"\x81" * size)
         assert not probe.sock.poll(300)
         probe.sock.close()

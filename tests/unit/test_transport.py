@@ -136,16 +136,22 @@ def test_bad_requests_get_an_error_and_the_server_keeps_serving(server):
         reply = _ask(srv.endpoint, frames)
         assert isinstance(reply, wire.ErrorReply) and reply.code == code, frames
         assert reply.version == 1
-    assert _ask(srv.endpoint, [b"x" * (wire.MAX_REQUEST_BYTES + 1)], wait_ms=300) is None  # dropped unread
-    rejected = srv.stats()["rejected"]
-    assert rejected == {"bad_request": 6, "gone": 1}
+    over = _ask(srv.endpoint, [b"x" * (wire.MAX_REQUEST_BYTES + 1)])  # measured, never parsed
+    assert over.code == "bad_request" and "exceeds" in over.message
+    huge = [b"x" * (wire.MAX_REQUEST_BYTES + wire.FRAME_OVERHEAD + 1)]
+    assert _ask(srv.endpoint, huge, wait_ms=300) is None  # the socket drops the connection unread
+    assert _eventually(lambda: srv.stats()["rejected"] == {"bad_request": 7, "gone": 1})
     assert fetch(srv.endpoint, timeout=10).version == 1
 
 
 def test_secret_admits_only_peers_that_hold_it(server):
     srv = server(secret="correct horse")
-    srv.publish(_state(), version=3, tokens=0)
-    assert fetch(srv.endpoint, NetworkConfig(secret="correct horse"), timeout=10).version == 3
+    big = {"phi": torch.randn(6_000_000)}  # 24 MB: full 8 MiB chunks, each a little larger once encrypted
+    srv.publish(big, version=3, tokens=0)
+    full = NetworkConfig(secret="correct horse", min_chunk_bytes=wire.MAX_CHUNK, max_chunk_bytes=wire.MAX_CHUNK)
+    snap = fetch(srv.endpoint, full, timeout=10)
+    assert snap.version == 3 and torch.equal(snap.tensors["phi"], big["phi"])
+    assert snap.stats.chunk_bytes == wire.MAX_CHUNK
     for cfg in (NetworkConfig(), NetworkConfig(secret="battery staple")):
         with pytest.raises(AuthRefused, match="secret"):
             fetch(srv.endpoint, cfg, timeout=10)
