@@ -31,7 +31,7 @@ from p2p_diloco.config import NetworkConfig
 from p2p_diloco.errors import (AuthRefused, BadPayload, ConnectionLost, ProtocolError, ProtocolMismatch, TransportError,
                                TransportTimeout, VersionGone)
 from p2p_diloco.linkemu import Pacer, link_rate
-from p2p_diloco.transport import HANDSHAKE_FAILED, client_context, swarm_keys
+from p2p_diloco.zmqbase import HANDSHAKE_FAILED, client_context, swarm_keys
 
 log = logging.getLogger(__name__)
 

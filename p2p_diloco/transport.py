@@ -10,18 +10,15 @@ the server carries on. Payload chunks are zero-copy slices of the snapshot buffe
 The fetching side (DEALER) lives in `fetcher.py`; `fetch`, `fetch_manifest`, `Fetcher` and
 `Snapshot` are re-exported here so callers import one module.
 
-Swarm secret: both key pairs of a CurveZMQ handshake are derived from the secret (scrypt, so a
-weak passphrase is slow to guess), the server demands CURVE, and a ZAP handler admits only the
-derived client key: a peer without the secret can neither read state nor get a request accepted.
+Swarm secret: the server demands CURVE with keys derived from the secret, and a ZAP handler admits
+only the derived client key (see `zmqbase.py`): a peer without the secret can neither read state
+nor get a request accepted.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import logging
 import math
-import os
 import threading
 import time
 from collections import deque
@@ -32,89 +29,21 @@ from typing import Any
 import torch
 import zmq
 import zmq.auth.thread
-from zmq.utils import z85
 
 from p2p_diloco import payload, wire
 from p2p_diloco.config import NetworkConfig
 from p2p_diloco.errors import ProtocolError, ProtocolMismatch, TransportError
 from p2p_diloco.linkemu import Pacer, link_rate
+from p2p_diloco.zmqbase import (HANDSHAKE_FAILED, ZAP_DOMAIN, AllowClientKey, RateLimitedLog, swarm_keys,
+                                tcp_bind_address)
 
 log = logging.getLogger(__name__)
-
-ZAP_DOMAIN = "p2p-diloco"
-HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-_client_ctx: tuple[int, zmq.Context] | None = None
-_ctx_lock = threading.Lock()
-
-
-def client_context() -> zmq.Context:
-    """The process's shared context for fetch sockets (recreated after a fork)."""
-    global _client_ctx
-    with _ctx_lock:
-        if _client_ctx is None or _client_ctx[0] != os.getpid():
-            _client_ctx = (os.getpid(), zmq.Context(io_threads=1))
-        return _client_ctx[1]
-
-
-@dataclass(frozen=True)
-class SwarmKeys:
-    server_public: bytes
-    server_secret: bytes
-    client_public: bytes
-    client_secret: bytes
-
-
-@functools.lru_cache(maxsize=8)
-def swarm_keys(secret: str) -> SwarmKeys:
-    """CurveZMQ key pairs derived from the swarm secret (same secret, same keys, on every peer)."""
-    seed = hashlib.scrypt(secret.encode(), salt=b"p2p-diloco swarm keys v1", n=2**14, r=8, p=1, dklen=64)
-    server_secret, client_secret = z85.encode(seed[:32]), z85.encode(seed[32:])
-    return SwarmKeys(server_public=zmq.curve_public(server_secret), server_secret=server_secret,
-                     client_public=zmq.curve_public(client_secret), client_secret=client_secret)
-
-
-def tcp_bind_address(bind: str) -> str:
-    """`tcp://host:0` means an OS-chosen port (ZeroMQ spells it `*`)."""
-    return bind[:-2] + ":*" if bind.endswith(":0") else bind
-
-
-class RateLimitedLog:
-    """Logs the first occurrence of each reason, then at most once per `period` with a count."""
-
-    def __init__(self, logger: logging.Logger, period: float = 5.0) -> None:
-        self._log, self._period = logger, period
-        self._last: dict[str, tuple[float, int]] = {}
-
-    def __call__(self, reason: str, message: str, *args: Any) -> None:
-        now = time.monotonic()
-        last, skipped = self._last.get(reason, (-math.inf, 0))
-        if now - last >= self._period:
-            suffix = f" ({skipped} more like it suppressed)" if skipped else ""
-            self._log.warning(message + suffix, *args)
-            self._last[reason] = (now, 0)
-        else:
-            self._last[reason] = (last, skipped + 1)
-
 
 @dataclass(frozen=True)
 class _Published:
     manifest: wire.Manifest
     view: memoryview  # zero-copy view of the payload buffer, sliced per chunk
     buf: torch.Tensor  # keeps the memory alive
-
-
-class _AllowClientKey:
-    """ZAP credentials provider: admits exactly the client key derived from the swarm secret."""
-
-    def __init__(self, client_public: bytes, on_refuse: Any) -> None:
-        self._key, self._on_refuse = client_public, on_refuse
-
-    def callback(self, domain: str, key: bytes) -> bool:
-        ok = key == self._key
-        if not ok:
-            self._on_refuse("client key not derived from the swarm secret")
-        return ok
 
 
 class SnapshotServer:
@@ -145,7 +74,7 @@ class SnapshotServer:
                 keys = swarm_keys(self.config.secret)
                 self._auth = zmq.auth.thread.ThreadAuthenticator(self._ctx, log=logging.getLogger(__name__ + ".zap"))
                 self._auth.start()
-                self._auth.configure_curve_callback(ZAP_DOMAIN, _AllowClientKey(keys.client_public, self._refused))
+                self._auth.configure_curve_callback(ZAP_DOMAIN, AllowClientKey(keys.client_public, self._refused))
                 self._sock.curve_server = True
                 self._sock.curve_secretkey = keys.server_secret
                 self._sock.curve_publickey = keys.server_public
