@@ -4,7 +4,8 @@ One exchange: HELLO (which also asks the server to start streaming the first win
 saving a round trip) -> MANIFEST -> CHUNKs, with more GET requests sent as chunks arrive so that
 `window` bytes stay in flight (see `flowcontrol.py`). Chunks arrive in request order on one
 connection; each is checked against the manifest (range, block digests, finite values) and decoded
-straight into the fp32 result (see `payload.py`), so memory beyond the state is the window.
+straight into the fp32 result (see `payload.py`) while a second thread verifies digests, so memory
+beyond the state is the window plus at most three received chunks awaiting their check.
 
 Failures raise a `TransportError` subclass and never return a partial state: `TransportTimeout`
 (nothing heard for `timeout` seconds), `ConnectionLost` (the peer dropped mid-exchange),

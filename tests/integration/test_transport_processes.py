@@ -157,5 +157,7 @@ def test_fetcher_peak_memory_is_the_state_plus_the_window(procs):
     assert out.returncode == 0, out.stderr
     mem = json.loads(out.stdout)
     assert mem["state_bytes"] == 60_000_000
-    slack = 24 * 2**20  # allocator arenas and interpreter noise
-    assert mem["state_bytes"] * 0.9 <= mem["peak_extra_bytes"] <= mem["state_bytes"] + mem["peak_window_bytes"] + slack
+    checking = 3 * 8 * 2**20  # up to three received chunks wait for their digest check
+    slack = 8 * 2**20  # allocator arenas and interpreter
+    bound = mem["state_bytes"] + mem["peak_window_bytes"] + checking + slack
+    assert mem["state_bytes"] * 0.9 <= mem["peak_extra_bytes"] <= bound, mem
