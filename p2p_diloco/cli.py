@@ -8,6 +8,7 @@ library. Heavy imports (torch, hivemind, zmq, textual) happen inside command bod
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import click
@@ -141,6 +142,8 @@ def user_errors():
 @click.option("--mix-delay", type=click.IntRange(0, 1), default=1, show_default=True,
               help="Rounds between a partner's state being published and mixed.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--jobs", "-j", type=click.IntRange(1, 64), default=None,
+              help="Methods run at once, each in its own process with one thread (default: the number of cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def simulate(**kw) -> None:
     """Simulate K islands in one process on a virtual clock and compare methods at equal tokens."""
@@ -148,11 +151,12 @@ def simulate(**kw) -> None:
 
     from p2p_diloco.sim_report import run_simulation
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     with user_errors():
-        as_json, data = kw.pop("as_json"), kw.pop("data")
+        as_json, data, jobs = kw.pop("as_json"), kw.pop("data"), kw.pop("jobs") or os.cpu_count() or 1
+        if jobs == 1:
+            torch.set_num_threads(max(1, torch.get_num_threads()))
         model, train, diloco = build_configs(kw)
-        run_simulation(kw, model, train, diloco, data, as_json)
+        run_simulation(kw, model, train, diloco, data, as_json, jobs)
 
 
 @main.command()

@@ -13,7 +13,7 @@ from p2p_diloco.simulator import SimConfig, Simulation
 
 
 def run_simulation(opts: dict, model: ModelConfig, train: TrainConfig, diloco: DiLoCoConfig, data: str | None,
-                   as_json: bool) -> dict:
+                   as_json: bool, jobs: int = 1) -> dict:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -35,14 +35,20 @@ def run_simulation(opts: dict, model: ModelConfig, train: TrainConfig, diloco: D
                 progress.update(tasks[method], completed=min(done, total), total=total,
                                 loss=f"{loss:.3f}" if loss is not None else "-")
 
-        simulation = Simulation(sim, model, train, diloco, corpus, progress=report)
-        train = simulation.train_cfg  # with the schedule length fitted to the budget
-        for method in sim.methods:
-            results[method] = simulation.run(method).as_dict()
-            progress.update(tasks[method], completed=1, total=1)
+        train = Simulation(sim, model, train, diloco, corpus).train_cfg  # schedule length fitted to the budget
+        jobs = max(1, min(jobs, len(sim.methods)))
+        if jobs == 1:
+            simulation = Simulation(sim, model, train, diloco, corpus, progress=report)
+            for method in sim.methods:
+                results[method] = simulation.run(method).as_dict()
+                progress.update(tasks[method], completed=1, total=1)
+        else:
+            results = _run_parallel(sim, model, train, diloco, data, jobs, report,
+                                    lambda m: progress.update(tasks[m], completed=1, total=1))
+    results = {m: results[m] for m in sim.methods}
     out = {"methods": results,
            "config": {"sim": _plain(sim), "model": {**_plain(model), **model.resolved()}, "train": _plain(train),
-                      "diloco": _plain(diloco), "data": corpus.source, "wall_seconds": round(time.monotonic() - started, 1)}}
+                      "diloco": _plain(diloco), "data": corpus.source, "jobs": jobs, "wall_seconds": round(time.monotonic() - started, 1)}}
     if as_json:
         print(json.dumps(out))
         return out
@@ -59,3 +65,51 @@ def run_simulation(opts: dict, model: ModelConfig, train: TrainConfig, diloco: D
 
 def _plain(cfg) -> dict:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()}
+
+
+def _method_worker(method: str, cfgs: tuple, data: str | None, queue) -> None:
+    """One method in its own process with one torch thread (processes, not threads, share the cores)."""
+    import torch
+
+    torch.set_num_threads(1)
+    last = [-1]
+
+    def report(m, done, total, loss):
+        pct = int(100 * done / max(total, 1))
+        if pct != last[0]:
+            last[0] = pct
+            queue.put(("progress", m, done, total, loss))
+
+    try:
+        result = Simulation(*cfgs, load_corpus(data), progress=report).run(method).as_dict()
+        queue.put(("result", method, result))
+    except BaseException as e:  # the parent reports it; a worker must not die silently
+        queue.put(("error", method, f"{type(e).__name__}: {e}"))
+
+
+def _run_parallel(sim, model, train, diloco, data, jobs, report, finished) -> dict:
+    """Run each method in a separate process, at most `jobs` at a time; same results as in-process."""
+    import multiprocessing as mp
+
+    from p2p_diloco.errors import P2PDiLoCoError
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    pending, running, results = list(sim.methods), {}, {}
+    while pending or running:
+        while pending and len(running) < jobs:
+            m = pending.pop(0)
+            running[m] = ctx.Process(target=_method_worker, args=(m, (sim, model, train, diloco), data, queue), daemon=True)
+            running[m].start()
+        kind, method, *rest = queue.get()
+        if kind == "progress":
+            report(method, *rest)
+        elif kind == "result":
+            results[method] = rest[0]
+            running.pop(method).join()
+            finished(method)
+        else:
+            for p in running.values():
+                p.terminate()
+            raise P2PDiLoCoError(f"simulating {method} failed: {rest[0]}")
+    return results

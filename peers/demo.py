@@ -83,19 +83,22 @@ class Swarm:
                            f"{name}.log", stdout=out)
 
     def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM each process itself (not its group: an island's libp2p daemon must outlive it long
+        enough to withdraw its record), then SIGKILL whatever group is left after `grace`."""
         for p in self.procs:
             if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+                p.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
         for p in self.procs:
             try:
                 p.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+                pass
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # the process's helpers (libp2p daemon) go with it
+            except ProcessLookupError:
+                pass
+            p.wait()
 
 
 def _follow(paths: list[Path], stop: threading.Event, out=sys.stderr) -> None:
