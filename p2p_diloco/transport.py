@@ -8,7 +8,7 @@ socket (`MAXMSGSIZE`) before it is parsed; a bad one gets an ERROR reply and a l
 the server carries on. Payload chunks are zero-copy slices of the snapshot buffer.
 
 The fetching side (DEALER) lives in `fetcher.py`; `fetch`, `fetch_manifest`, `Fetcher` and
-`Snapshot` are re-exported here so callers import one module.
+`Snapshot` are re-exported here so callers can import one module.
 
 Swarm secret: the server demands CURVE with keys derived from the secret, and a ZAP handler admits
 only the derived client key (see `zmqbase.py`): a peer without the secret can neither read state
@@ -29,15 +29,18 @@ from typing import Any
 import torch
 import zmq
 import zmq.auth.thread
+from zmq.utils.monitor import recv_monitor_message
 
 from p2p_diloco import payload, wire
 from p2p_diloco.config import NetworkConfig
 from p2p_diloco.errors import ProtocolError, ProtocolMismatch, TransportError
+from p2p_diloco.fetcher import Fetcher, Snapshot, fetch, fetch_manifest  # the fetching side, re-exported
 from p2p_diloco.linkemu import Pacer, link_rate
 from p2p_diloco.zmqbase import (HANDSHAKE_FAILED, ZAP_DOMAIN, AllowClientKey, RateLimitedLog, swarm_keys,
                                 tcp_bind_address)
 
 log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class _Published:
@@ -177,8 +180,6 @@ class SnapshotServer:
                 log.error("snapshot server stopped: %s", e)
 
     def _drain_monitor(self) -> None:
-        from zmq.utils.monitor import recv_monitor_message
-
         while True:
             try:
                 ev = recv_monitor_message(self._monitor, zmq.NOBLOCK)
@@ -216,6 +217,7 @@ class SnapshotServer:
                 self._stats["bytes_sent"] -= nbytes
 
     def _error(self, ident: bytes, rid: int, code: str, message: str, peer: str) -> None:
+        assert code in wire.ERROR_CODES, code
         with self._lock:
             rejected = self._stats["rejected"]
             rejected[code] = rejected.get(code, 0) + 1
@@ -283,10 +285,4 @@ class SnapshotServer:
                                            payload=snap.view[off : off + length]))
 
 
-def __getattr__(name: str) -> Any:
-    """Re-export the fetching side, so callers import one module (lazily: fetcher imports us)."""
-    if name in ("Fetcher", "Snapshot", "fetch", "fetch_manifest"):
-        from p2p_diloco import fetcher
-
-        return getattr(fetcher, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["SnapshotServer", "Fetcher", "Snapshot", "fetch", "fetch_manifest"]
