@@ -20,8 +20,7 @@ from hypothesis import strategies as st
 from p2p_diloco import wire
 from p2p_diloco.errors import ProtocolError, ProtocolMismatch
 from p2p_diloco.transport import fetch
-from test_transport_processes import serve
-from transport_peer import make_state
+from transport_peer import make_state, start_server
 
 pytestmark = pytest.mark.timeout(240)
 SENTINEL = 2**62
@@ -117,7 +116,7 @@ def _random_frames(rng: random.Random, valid: list[bytes]) -> list[bytes]:
 
 
 def test_fuzzed_requests_are_rejected_and_the_server_keeps_serving(procs):
-    peer, endpoint = serve(procs, "--numel", "100000")
+    peer, endpoint = start_server(procs, "--numel", "100000")
     probe = Prober(endpoint)
     hello = wire.encode(wire.Hello(rid=1))[0]
     manifest = probe.probe([hello])[0].manifest

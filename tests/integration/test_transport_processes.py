@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,36 +21,9 @@ import torch
 from p2p_diloco.config import NetworkConfig
 from p2p_diloco.errors import AuthRefused, ConnectionLost, TransportError, TransportTimeout, VersionGone
 from p2p_diloco.transport import fetch, fetch_manifest
-from transport_peer import make_state
+from transport_peer import Peer, make_state, start_server
 
-PEER = str(Path(__file__).with_name("transport_peer.py"))
 pytestmark = pytest.mark.timeout(120)
-
-
-class Peer:
-    """A child process speaking JSON lines."""
-
-    def __init__(self, procs, *args: str) -> None:
-        self.proc = procs.python(PEER, *args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self._lines: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self._lines.put(json.loads(line))
-
-    def next(self, timeout: float = 60.0) -> dict:
-        return self._lines.get(timeout=timeout)
-
-    def cmd(self, line: str) -> dict:
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        return self.next()
-
-
-def serve(procs, *args: str) -> tuple[Peer, str]:
-    peer = Peer(procs, "serve", *args)
-    return peer, peer.next()["endpoint"]
 
 
 def _fetch_in_thread(endpoint: str, cfg: NetworkConfig, timeout: float = 30.0):
@@ -71,7 +42,7 @@ def _fetch_in_thread(endpoint: str, cfg: NetworkConfig, timeout: float = 30.0):
 
 
 def test_fetch_across_processes_returns_exactly_what_was_published(procs):
-    _, endpoint = serve(procs, "--numel", "300000", "--version", "4")
+    _, endpoint = start_server(procs, "--numel", "300000", "--version", "4")
     m = fetch_manifest(endpoint, timeout=30)
     assert (m.version, m.tokens) == (4, 4000) and [t.name for t in m.tensors] == ["phi", "m"]
     snap = fetch(endpoint, timeout=30)
@@ -81,7 +52,7 @@ def test_fetch_across_processes_returns_exactly_what_was_published(procs):
 
 def test_server_killed_mid_transfer_fails_the_fetch_fast_and_whole(procs):
     # 6 MB over an emulated 20 Mbit/s link: about 2.4 s of transfer to interrupt
-    peer, endpoint = serve(procs, "--numel", "1000000", "--bandwidth-mbps", "20")
+    peer, endpoint = start_server(procs, "--numel", "1000000", "--bandwidth-mbps", "20")
     t, box = _fetch_in_thread(endpoint, NetworkConfig(), timeout=30)
     time.sleep(0.8)
     killed = time.monotonic()
@@ -92,8 +63,8 @@ def test_server_killed_mid_transfer_fails_the_fetch_fast_and_whole(procs):
 
 
 def test_fetcher_killed_mid_transfer_leaves_the_server_serving(procs):
-    peer, endpoint = serve(procs, "--numel", "1000000", "--bandwidth-mbps", "20")
-    fetcher = Peer(procs, "fetch", endpoint)
+    peer, endpoint = start_server(procs, "--numel", "1000000", "--bandwidth-mbps", "20")
+    fetcher = Peer(procs, "fetch", endpoint)  # a second child process
     assert fetcher.next()["event"] == "start"
     time.sleep(1.0)  # the child is mid-transfer
     os.kill(fetcher.proc.pid, signal.SIGKILL)
@@ -106,7 +77,7 @@ def test_fetcher_killed_mid_transfer_leaves_the_server_serving(procs):
 
 
 def test_stalled_server_times_out(procs):
-    peer, endpoint = serve(procs, "--numel", "1000000", "--bandwidth-mbps", "40")
+    peer, endpoint = start_server(procs, "--numel", "1000000", "--bandwidth-mbps", "40")
     t, box = _fetch_in_thread(endpoint, NetworkConfig(), timeout=1.0)
     time.sleep(0.5)
     os.kill(peer.proc.pid, signal.SIGSTOP)
@@ -120,7 +91,7 @@ def test_stalled_server_times_out(procs):
 @pytest.mark.parametrize("retain", [2, 1])
 def test_publish_while_fetching_gives_the_old_version_whole_or_version_gone(procs, retain):
     # 15 MB at an emulated 60 Mbit/s: 2 s, longer than the first window (8 MiB) takes
-    peer, endpoint = serve(procs, "--numel", "2500000", "--bandwidth-mbps", "60", "--retain", str(retain))
+    peer, endpoint = start_server(procs, "--numel", "2500000", "--bandwidth-mbps", "60", "--retain", str(retain))
     t, box = _fetch_in_thread(endpoint, NetworkConfig(), timeout=30)
     time.sleep(0.7)
     assert peer.cmd("publish 2") == {"published": 2}
@@ -136,7 +107,7 @@ def test_publish_while_fetching_gives_the_old_version_whole_or_version_gone(proc
 
 
 def test_client_without_the_secret_is_refused(procs):
-    peer, endpoint = serve(procs, "--secret", "swarm-7f3a")
+    peer, endpoint = start_server(procs, "--secret", "swarm-7f3a")
     for cfg in (NetworkConfig(), NetworkConfig(secret="not-the-secret")):
         with pytest.raises(AuthRefused):
             fetch(endpoint, cfg, timeout=10)
@@ -151,7 +122,7 @@ def test_client_without_the_secret_is_refused(procs):
 
 
 def test_fetcher_peak_memory_is_the_state_plus_the_window(procs):
-    _, endpoint = serve(procs, "--numel", "10000000")  # 60 MB of fp32 state
+    _, endpoint = start_server(procs, "--numel", "10000000")  # 60 MB of fp32 state
     out = subprocess.run([sys.executable, "-m", "p2p_diloco.bench_transport", "memory", endpoint],
                          capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert out.returncode == 0, out.stderr

@@ -7,7 +7,8 @@
     fetch ENDPOINT [--secret S --timeout T]
         prints {"event": "start"}, fetches, prints {"event": "done", "version": ..., "ok": ...}.
 
-`make_state(numel, version)` is the deterministic state both sides can rebuild to compare.
+`make_state(numel, version)` is the deterministic state both sides can rebuild to compare;
+`Peer` and `start_server` drive such a child from a test.
 """
 
 from __future__ import annotations
@@ -15,9 +16,39 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
+import subprocess
 import sys
+import threading
 
 import torch
+
+
+class Peer:
+    """A child process speaking JSON lines."""
+
+    def __init__(self, procs, *args: str) -> None:
+        self.proc = procs.python(__file__, *args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self._lines.put(json.loads(line))
+
+    def next(self, timeout: float = 60.0) -> dict:
+        return self._lines.get(timeout=timeout)
+
+    def cmd(self, line: str) -> dict:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self.next()
+
+
+def start_server(procs, *args: str) -> tuple[Peer, str]:
+    """Start a serving child with `serve` arguments; return it and its endpoint."""
+    peer = Peer(procs, "serve", *args)
+    return peer, peer.next()["endpoint"]
 
 
 def make_state(numel: int, version: int) -> dict[str, torch.Tensor]:
