@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from p2p_diloco.config import NetworkConfig
-from p2p_diloco.errors import AuthRefused, ConnectionLost, TransportError, TransportTimeout, VersionGone
+from p2p_diloco.errors import AuthRefused, ConnectionLost, TransportTimeout, VersionGone
 from p2p_diloco.transport import fetch, fetch_manifest
 from transport_peer import Peer, make_state, start_server
 
