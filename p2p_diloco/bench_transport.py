@@ -148,7 +148,7 @@ def measure_memory(endpoint: str, compression: str, secret: str | None) -> dict[
 
 
 def run(params: int, compression: str = "fp32", latency_ms: float = 0.0, bandwidth_mbps: float | None = None,
-        repeat: int = 3, raw: str = "message", secret: str | None = None, memory: bool = True,
+        repeat: int = 5, raw: str = "message", secret: str | None = None, memory: bool = True,
         log: Any = None) -> dict[str, Any]:
     """Run the benchmark (this process fetches); returns the issue's JSON object plus `details`."""
     import torch

@@ -267,7 +267,7 @@ def bench() -> None:
               help="Emulated one-way latency for an extra, emulated fetch.")
 @click.option("--bandwidth-mbps", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Emulated link rate in Mbit/s for an extra, emulated fetch.")
-@click.option("--repeat", type=click.IntRange(1, 20), default=3, show_default=True, help="Timed runs (best is reported).")
+@click.option("--repeat", type=click.IntRange(1, 20), default=5, show_default=True, help="Timed runs (best is reported).")
 @click.option("--raw", type=click.Choice(["message", "stream"]), default="message", show_default=True,
               help="Bare ZeroMQ reference: one whole-buffer message, or a pipelined stream of 4 MiB frames.")
 @click.option("--secret", default=None, help="Swarm secret for the protocol runs (CurveZMQ).")
