@@ -106,3 +106,43 @@ def load(path: str | Path) -> CheckpointData:
     if bad:
         raise CheckpointError(f"checkpoint {path} holds non-finite values in {', '.join(bad[:3])}")
     return CheckpointData(tensors, meta)
+
+
+def pack_island(island, round_: int, peer_id: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """What an island's checkpoint holds: outer state, inner AdamW moments, sampler position."""
+    tensors = {"phi": island.state.phi, "m": island.state.m, "delta": island.state.delta,
+               "sampler_state": island.sampler.state()}
+    opt_steps = {}
+    for i, p in enumerate(p for g in island.inner.optimizer.param_groups for p in g["params"]):
+        st = island.inner.optimizer.state.get(p)
+        if st:
+            tensors[f"opt.{i}.exp_avg"], tensors[f"opt.{i}.exp_avg_sq"] = st["exp_avg"], st["exp_avg_sq"]
+            opt_steps[str(i)] = float(st["step"])
+    meta = {"version": island.state.version, "tokens": island.state.tokens, "round": round_,
+            "inner_step": island.inner.step, "opt_steps": opt_steps, "peer_id": peer_id}
+    return tensors, meta
+
+
+def restore_island(island, ck: CheckpointData, path: Path) -> int:
+    """Put a checkpoint back into an island; returns the round it was taken at."""
+    t, meta = ck.tensors, ck.meta
+    if t["phi"].numel() != island.state.phi.numel():
+        raise CheckpointError(f"checkpoint {path} is for a model of {t['phi'].numel()} parameters, "
+                              f"not {island.state.phi.numel()}")
+    try:
+        island.state.phi, island.state.m, island.state.delta = t["phi"].clone(), t["m"].clone(), t["delta"].clone()
+        island.state.version, island.state.tokens = int(meta["version"]), int(meta["tokens"])
+        optimizer = island.inner.optimizer
+        state = {}
+        for i in range(sum(len(g["params"]) for g in optimizer.param_groups)):
+            if str(i) in meta["opt_steps"]:
+                state[i] = {"step": torch.tensor(meta["opt_steps"][str(i)]), "exp_avg": t[f"opt.{i}.exp_avg"].clone(),
+                            "exp_avg_sq": t[f"opt.{i}.exp_avg_sq"].clone()}
+        optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
+        island.inner.step = int(meta["inner_step"])
+        island.sampler.set_state(t["sampler_state"])
+        round_ = int(meta["round"])
+    except (KeyError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"checkpoint {path} does not match this island: {e}") from e
+    island.begin_round()
+    return round_

@@ -30,7 +30,7 @@ import torch
 
 from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, ModelConfig, NetworkConfig, TrainConfig
 from p2p_diloco.data import BatchSampler, eval_batches, load_corpus
-from p2p_diloco.errors import TransportError
+from p2p_diloco.errors import CheckpointError, TransportError
 from p2p_diloco.inner import evaluate
 from p2p_diloco.island import Island
 from p2p_diloco.membership import IslandRecord, open_membership
@@ -139,6 +139,8 @@ class IslandRunner:
         self.round = 0
         self.bytes_in = 0
         self.inner_seconds = 0.0
+        self._t0: float | None = None
+        self._own_tokens = 0
         self.initial_loss: float | None = None
         self.eval_loss: float | None = None
         self.last_partner: str | None = None
@@ -178,23 +180,9 @@ class IslandRunner:
     def resume(self) -> None:
         path = checkpoint.latest(self.cfg.run_dir / "checkpoints")
         if path is None:
-            from p2p_diloco.errors import CheckpointError
-
             raise CheckpointError(f"--resume given but {self.cfg.run_dir / 'checkpoints'} holds no checkpoint")
-        ck = checkpoint.load(path)
-        isl, t, meta = self.island, ck.tensors, ck.meta
-        if t["phi"].numel() != isl.state.phi.numel():
-            from p2p_diloco.errors import CheckpointError
-
-            raise CheckpointError(f"checkpoint {path} is for a model of {t['phi'].numel()} parameters, not {isl.state.phi.numel()}")
-        isl.state.phi, isl.state.m, isl.state.delta = t["phi"].clone(), t["m"].clone(), t["delta"].clone()
-        isl.state.version, isl.state.tokens = int(meta["version"]), int(meta["tokens"])
-        isl.inner.optimizer.load_state_dict(_optimizer_state(isl.inner.optimizer, t, meta))
-        isl.inner.step = int(meta["inner_step"])
-        isl.sampler.set_state(t["sampler_state"])
-        self.round = int(meta["round"])
-        isl.begin_round()
-        log.info("resumed from %s at version %d, round %d", path.name, isl.state.version, self.round)
+        self.round = checkpoint.restore_island(self.island, checkpoint.load(path), path)
+        log.info("resumed from %s at version %d, round %d", path.name, self.island.state.version, self.round)
 
     def join(self) -> None:
         """Start from the freshest member's state if the run is already going."""
@@ -253,6 +241,10 @@ class IslandRunner:
             info["fetch_error"] = str(e)
             return [], info
 
+    def utilization(self) -> float:
+        """Share of wall time since the first inner step spent in inner steps."""
+        return 0.0 if self._t0 is None else self.inner_seconds / max(time.monotonic() - self._t0, 1e-6)
+
     def _done(self) -> bool:
         c = self.cfg
         return bool(self.stop.signum
@@ -263,7 +255,6 @@ class IslandRunner:
     def train(self) -> int:
         """Run rounds until a limit or a signal; returns the process exit code."""
         isl, H = self.island, self.diloco.local_steps
-        self._own_tokens = 0
         self.initial_loss = evaluate(isl.model, self.evals)
         self.state = "training"
         if self.group is not None:  # the other ranks start from the anchor rank 0 joined or resumed with
@@ -315,7 +306,7 @@ class IslandRunner:
                    "tokens_per_s": tps, "bytes_out": self.server.stats()["bytes_sent"], "weight": weights[0] if weights else None,
                    "staleness": (isl.state.version - 1 - partners[0].version) if partners else None,
                    "inner_s": round(compute_s, 3), "wall_s": round(time.monotonic() - self._t0, 3),
-                   "utilization": self.inner_seconds / max(time.monotonic() - self._t0, 1e-6), **info}
+                   "utilization": self.utilization(), **info}
             self.metrics.write(row)
             if not self.cfg.quiet:
                 progress_line(self.name, row)
@@ -332,8 +323,8 @@ class IslandRunner:
         self.save_checkpoint()
         final_eval = evaluate(self.island.model, self.evals)
         summary = {"peer_id": self.peer_id, "name": self.name, "initial_loss": self.initial_loss, "eval_loss": final_eval,
-                   "version": self.island.state.version, "tokens": self._own_tokens if hasattr(self, "_own_tokens") else 0,
-                   "rounds": self.round, "utilization": self.inner_seconds / max(time.monotonic() - getattr(self, "_t0", time.monotonic()), 1e-6),
+                   "version": self.island.state.version, "tokens": self._own_tokens, "rounds": self.round,
+                   "utilization": self.utilization(),
                    "bytes_in": self.bytes_in, "bytes_out": self.server.stats()["bytes_sent"]}
         self.metrics.write({"summary": summary})
         for step in (self.membership.leave, self.membership.shutdown, self.server.close, self.metrics.close):
@@ -344,29 +335,8 @@ class IslandRunner:
         return summary
 
     def save_checkpoint(self) -> Path:
-        isl = self.island
-        tensors = {"phi": isl.state.phi, "m": isl.state.m, "delta": isl.state.delta,
-                   "sampler_state": isl.sampler.state()}
-        opt_meta = {}
-        for i, p in enumerate(p for g in isl.inner.optimizer.param_groups for p in g["params"]):
-            st = isl.inner.optimizer.state.get(p)
-            if st:
-                tensors[f"opt.{i}.exp_avg"], tensors[f"opt.{i}.exp_avg_sq"] = st["exp_avg"], st["exp_avg_sq"]
-                opt_meta[str(i)] = float(st["step"])
-        meta = {"version": isl.state.version, "tokens": isl.state.tokens, "round": self.round,
-                "inner_step": isl.inner.step, "opt_steps": opt_meta, "peer_id": self.peer_id}
+        tensors, meta = checkpoint.pack_island(self.island, self.round, self.peer_id)
         return checkpoint.save(self.cfg.run_dir / "checkpoints", tensors, meta)
-
-
-def _optimizer_state(optimizer: torch.optim.Optimizer, tensors: dict, meta: dict) -> dict:
-    """Rebuild an AdamW state dict from the flat tensors a checkpoint stores."""
-    sd = optimizer.state_dict()
-    state = {}
-    for i in range(sum(len(g["params"]) for g in optimizer.param_groups)):
-        if str(i) in meta["opt_steps"]:
-            state[i] = {"step": torch.tensor(meta["opt_steps"][str(i)]), "exp_avg": tensors[f"opt.{i}.exp_avg"].clone(),
-                        "exp_avg_sq": tensors[f"opt.{i}.exp_avg_sq"].clone()}
-    return {"state": state, "param_groups": sd["param_groups"]}
 
 
 def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train: TrainConfig, diloco: DiLoCoConfig,

@@ -1,0 +1,72 @@
+import pytest
+import torch
+
+from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
+from p2p_diloco.data import BatchSampler
+from p2p_diloco.errors import CheckpointError
+from p2p_diloco.island import Island
+from p2p_diloco.model import build_model
+from peers import checkpoint
+
+SMALL = ModelConfig(n_layer=1, n_embd=32, n_head=2, block_size=16)
+
+
+def island(seed=0):
+    torch.manual_seed(0)
+    data = torch.randint(0, 256, (5000,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    return Island("x", build_model(SMALL), TrainConfig(batch_size=2, warmup_steps=1), DiLoCoConfig(local_steps=2),
+                  BatchSampler(data, 16, 2, seed))
+
+
+def test_roundtrip_restores_the_whole_island(tmp_path):
+    a = island()
+    for _ in range(3):
+        a.inner_step()
+    a.end_round([])
+    tensors, meta = checkpoint.pack_island(a, round_=7, peer_id="abc")
+    path = checkpoint.save(tmp_path, tensors, meta)
+    assert checkpoint.latest(tmp_path) == path
+    b = island(seed=99)
+    assert checkpoint.restore_island(b, checkpoint.load(path), path) == 7
+    assert torch.equal(a.state.phi, b.state.phi) and torch.equal(a.state.m, b.state.m)
+    assert (a.state.version, a.state.tokens, a.inner.step) == (b.state.version, b.state.tokens, b.inner.step)
+    # the next inner step is identical: same weights, same Adam moments, same data position
+    assert a.inner_step() == b.inner_step()
+    assert torch.equal(a.params_vector(), b.params_vector())
+
+
+def test_only_the_newest_checkpoints_are_kept(tmp_path):
+    for v in range(5):
+        checkpoint.save(tmp_path, {"phi": torch.zeros(3)}, {"version": v, "round": v})
+    names = sorted(p.name for p in tmp_path.glob("ckpt-*"))
+    assert len(names) == checkpoint.KEEP and checkpoint.latest(tmp_path).name == names[-1]
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_corrupt_or_mismatched_checkpoints_are_clear_errors(tmp_path):
+    path = checkpoint.save(tmp_path, {"phi": torch.ones(4)}, {"version": 1, "round": 1})
+    blob = bytearray((path / "state.safetensors").read_bytes())
+    blob[-1] ^= 0x01
+    (path / "state.safetensors").write_bytes(bytes(blob))
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        checkpoint.load(path)
+    (path / "meta.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="unreadable"):
+        checkpoint.load(path)
+    other = checkpoint.save(tmp_path / "o", {"phi": torch.ones(4), "m": torch.ones(4), "delta": torch.ones(4)},
+                            {"version": 1, "round": 1})
+    with pytest.raises(CheckpointError, match="model of 4 parameters"):
+        checkpoint.restore_island(island(), checkpoint.load(other), other)
+
+
+def test_non_finite_values_are_refused(tmp_path):
+    path = checkpoint.save(tmp_path, {"phi": torch.tensor([1.0, float("nan")])}, {"version": 1, "round": 1})
+    with pytest.raises(CheckpointError, match="non-finite"):
+        checkpoint.load(path)
+
+
+def test_latest_pointing_nowhere_is_an_error(tmp_path):
+    checkpoint.save(tmp_path, {"phi": torch.zeros(1)}, {"version": 1, "round": 1})
+    (tmp_path / "latest").write_text("ckpt-gone")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        checkpoint.latest(tmp_path)
