@@ -131,13 +131,13 @@ def user_errors():
 @click.option("--islands", "-k", type=int, default=4, show_default=True, help="K: number of islands.")
 @click.option("--method", "methods", default="gossip,allreduce,dp", show_default=True, callback=_csv(str),
               help="Comma list of gossip, allreduce (synchronous DiLoCo), dp (data parallel).")
-@click.option("--tokens", type=int, default=3_000_000, show_default=True, help="Total training tokens per method.")
+@click.option("--tokens", type=int, default=1_500_000, show_default=True, help="Total training tokens per method.")
 @click.option("--time-budget", type=float, default=None, help="Virtual seconds; stop every method when spent.")
 @click.option("--speeds", default=None, callback=_csv(float), help="Per-island relative speed, e.g. 1,1,1,0.1.")
 @click.option("--drop-prob", type=float, default=0.0, show_default=True, help="Chance an island misses a round.")
 @click.option("--latency-ms", type=float, default=100.0, show_default=True, help="Simulated one-way link latency.")
 @click.option("--bandwidth-mbps", type=float, default=1000.0, show_default=True, help="Simulated link bandwidth.")
-@click.option("--compression", type=click.Choice(["fp32", "bf16", "fp16", "int8"]), default="bf16", show_default=True,
+@click.option("--compression", type=click.Choice(["fp32", "bf16", "fp16", "int8"]), default="int8", show_default=True,
               help="Codec applied to every exchanged state.")
 @click.option("--mix-delay", type=click.IntRange(0, 1), default=1, show_default=True,
               help="Rounds between a partner's state being published and mixed.")
@@ -297,7 +297,7 @@ def bench_transport(params, compression, latency_ms, bandwidth_mbps, repeat, raw
 
 def network_options(f):
     """Options of the state exchange: codec, upload cap, link emulation, swarm secret."""
-    f = click.option("--compression", type=click.Choice(["fp32", "bf16", "fp16", "int8"]), default="bf16", show_default=True,
+    f = click.option("--compression", type=click.Choice(["fp32", "bf16", "fp16", "int8"]), default="int8", show_default=True,
                      help="Codec of the published state (the receiver always accumulates in fp32).")(f)
     f = click.option("--max-upload-mbps", type=float, default=None, help="Cap on what this island's server sends, Mbit/s.")(f)
     f = click.option("--latency-ms", type=float, default=0.0, show_default=True, help="Emulated one-way link latency.")(f)
@@ -419,11 +419,11 @@ def demo(islands, minutes, latency_ms, bandwidth_mbps, compare, workdir, as_json
 
 @bench.command("swarm")
 @click.option("--islands", "-k", type=click.IntRange(2, 16), default=4, show_default=True)
-@click.option("--tokens", type=int, default=3_000_000, show_default=True, help="Total tokens over all islands.")
+@click.option("--tokens", type=int, default=1_500_000, show_default=True, help="Total tokens over all islands.")
 @click.option("--latency-ms", type=float, default=100.0, show_default=True, help="Emulated one-way latency.")
 @click.option("--bandwidth-mbps", type=float, default=1000.0, show_default=True, help="Emulated link bandwidth.")
-@click.option("--compression", type=click.Choice(["fp32", "bf16", "fp16", "int8"]), default="bf16", show_default=True)
-@click.option("--local-steps", "-H", type=int, default=50, show_default=True)
+@click.option("--compression", type=click.Choice(["fp32", "bf16", "fp16", "int8"]), default="int8", show_default=True)
+@click.option("--local-steps", "-H", type=int, default=25, show_default=True, help="H (the join default).")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the islands' files here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_steps, workdir, as_json) -> None:

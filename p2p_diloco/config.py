@@ -101,14 +101,14 @@ class TrainConfig:
 class DiLoCoConfig:
     """The outer loop: rounds of H inner steps, gossip mixing, outer Nesterov step."""
 
-    local_steps: int = 50
+    local_steps: int = 25
     """H: inner steps per round (`max_local_steps`; a slow island may do fewer within `round_seconds`)."""
     round_seconds: float | None = None
     """Wall-clock budget of one round's inner steps; None means H steps whatever they take."""
-    outer_lr: float = 0.7
-    """Outer Nesterov learning rate."""
-    outer_momentum: float = 0.9
-    """Outer Nesterov momentum mu."""
+    outer_lr: float = 0.5
+    """Outer Nesterov learning rate (0.5 measured best for asynchronous gossip; BENCHMARKS.md)."""
+    outer_momentum: float = 0.8
+    """Outer Nesterov momentum mu (0.8 measured better than 0.9 for gossip; BENCHMARKS.md)."""
     momentum: str = "local"
     """`mixed`: outer momentum mixed along with the weights; `local`: each island keeps its own."""
     mix_weight: float = 0.5
@@ -119,8 +119,9 @@ class DiLoCoConfig:
     """A partner more than this many versions behind is skipped."""
     staleness_decay: float = 0.5
     """Each version a partner is behind multiplies its weight by (1 - staleness_decay * lag / max_staleness)."""
-    mix_pseudo_gradient: bool = True
-    """Average the pseudo-gradient with the partner's last one as well (NoLoCo style)."""
+    mix_pseudo_gradient: bool = False
+    """Average the pseudo-gradient with the partner's last one as well (NoLoCo style). Off by default:
+    with one round of delay the partner's last one is stale, and mixing it cost 8.7% (BENCHMARKS.md)."""
     partners: int = 1
     """k: partner states mixed per round (1 = pairwise gossip)."""
 
@@ -227,9 +228,9 @@ class DiscoveryConfig:
 class NetworkConfig:
     """The state exchange over ZeroMQ: payload codec, chunking, upload cap, link emulation, secret."""
 
-    compression: str = "bf16"
-    """Codec of published state: fp32 (lossless), bf16, fp16, or int8 (per-block scales). bf16 halves
-    the bytes at no measurable cost in eval loss (simulator, BENCHMARKS.md "Transport")."""
+    compression: str = "int8"
+    """Codec of published state: fp32 (lossless), bf16, fp16, or int8 (per-block scales; the default: the
+    simulator measured the same eval loss as bf16 at half its bytes, BENCHMARKS.md)."""
     min_chunk_bytes: int = 64 * 1024
     """Smallest chunk a fetcher asks for (the protocol allows 64 KiB to 8 MiB)."""
     max_chunk_bytes: int = 8 * 1024 * 1024

@@ -42,7 +42,7 @@ class SimConfig:
     islands: int = 4
     """K: number of islands."""
     methods: tuple[str, ...] = METHODS
-    tokens: int = 3_000_000
+    tokens: int = 1_500_000
     """Total training tokens (all islands together), the same for every method."""
     time_budget: float | None = None
     """Virtual seconds; when set, every method stops when it is spent instead of at `tokens`."""
@@ -52,7 +52,7 @@ class SimConfig:
     """Chance that an island misses a round (offline for that round's duration)."""
     latency_ms: float = 100.0
     bandwidth_mbps: float = 1000.0
-    compression: str = "bf16"
+    compression: str = "int8"
     """Codec applied to every exchanged state and counted in the bytes."""
     mix_delay: int = 1
     """Rounds between a partner's state being published and being mixed (0 or 1)."""

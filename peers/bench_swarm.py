@@ -22,8 +22,8 @@ def utilization(run_dir: Path) -> float:
     return sum(r["inner_s"] for r in rows) / max(rows[-1]["wall_s"], 1e-9) if rows else 0.0
 
 
-def run_bench_swarm(islands: int = 4, tokens: int = 3_000_000, latency_ms: float = 100.0,
-                    bandwidth_mbps: float | None = 1000.0, compression: str = "bf16", local_steps: int = 50,
+def run_bench_swarm(islands: int = 4, tokens: int = 1_500_000, latency_ms: float = 100.0,
+                    bandwidth_mbps: float | None = 1000.0, compression: str = "int8", local_steps: int = 25,
                     workdir: Path | None = None) -> dict:
     from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
     from p2p_diloco.data import load_corpus

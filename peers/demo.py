@@ -35,7 +35,7 @@ class DemoConfig:
     bandwidth_mbps: float | None = None
     compare: bool = False
     local_steps: int = 25
-    compression: str = "bf16"
+    compression: str = "int8"
     run_id: str = "demo"
     workdir: Path | None = None
     dashboard: bool = False
