@@ -33,6 +33,9 @@ def should_use_dashboard(stream: IO | None = None, environ: Mapping[str, str] | 
         return False
 
 
+_NAMES = {logging.WARNING: "WARNING", logging.ERROR: "ERROR", logging.CRITICAL: "CRITICAL"}
+
+
 class _ToApp(logging.Handler):
     """Sends log records to the app as `LogLine` messages (thread-safe)."""
 
@@ -44,7 +47,9 @@ class _ToApp(logging.Handler):
         from tui.messages import LogLine
 
         try:
-            self.app.post_message(LogLine(record.levelname, record.getMessage()))
+            # by number, not `levelname`: libraries rename levels (hivemind calls WARNING "WARN")
+            level = _NAMES.get(record.levelno, record.levelname)
+            self.app.post_message(LogLine(level, record.getMessage()))
         except Exception:
             self.handleError(record)
 

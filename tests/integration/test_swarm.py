@@ -30,7 +30,7 @@ def test_killed_partner_does_not_stall_the_others(procs, tmp_path):
     """A partner SIGKILLed while it serves (its uplink is slow, so a transfer is always running)."""
     _, entry = start_bootstrap(procs, tmp_path)
     victim = IslandProc(procs, tmp_path, "victim", entry, "-H", "10", "--bandwidth-mbps", "1", "--compression", "fp32")
-    others = [IslandProc(procs, tmp_path, f"i{k}", entry, "-H", "10", "--max-rounds", "16") for k in range(2)]
+    others = [IslandProc(procs, tmp_path, f"i{k}", entry, "-H", "10", "--max-rounds", "1000") for k in range(2)]
     victim.wait_rounds(2, 90)
     for o in others:
         o.wait_rounds(5, 90)
@@ -38,15 +38,19 @@ def test_killed_partner_does_not_stall_the_others(procs, tmp_path):
                "someone to fetch from the victim")
     t_kill = time.time()
     victim.signal(signal.SIGKILL)
+    for o in others:  # rounds well after the kill, whatever the machine's speed
+        wait_until(lambda: len([r for r in o.rounds() if r["time"] > t_kill + 1]) >= 6 or o.proc.poll() is not None,
+                   120, f"{o.name} to do 6 rounds after the kill")
+        o.signal(signal.SIGTERM)
     for o in others:
-        s = o.summary(180)
+        assert o.proc.wait(60) == 143, o.tail()
         rows = o.rounds()
         before = [r["wall_s"] for r in rows if r["time"] < t_kill]
         after = [r["wall_s"] for r in rows if r["time"] > t_kill + 1]
         pace_before = statistics.median(b - a for a, b in zip(before, before[1:]))
         pace_after = statistics.median(b - a for a, b in zip(after, after[1:]))
         assert pace_after < 2.5 * pace_before + 0.5, (pace_before, pace_after)
-        assert s["version"] >= 16 and s["utilization"] > 0.6
+        assert rows[-1]["utilization"] > 0.6
 
 
 def test_slow_island_does_not_slow_the_others(procs, tmp_path):
