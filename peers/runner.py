@@ -155,11 +155,9 @@ class IslandRunner:
         sent = self.server.stats()["bytes_sent"]
         now = time.monotonic()
         last_t, last_sent, last_in = self._rate_mark
-        dt = max(now - last_t, 1e-6)
-        up, down = (sent - last_sent) / dt, (self.bytes_in - last_in) / dt
-        if dt >= 1.0:  # keep a window long enough for a meaningful average
+        if now - last_t >= 1.0:  # keep a window long enough for a meaningful average
+            self._rates = ((sent - last_sent) / (now - last_t), (self.bytes_in - last_in) / (now - last_t))
             self._rate_mark = (now, sent, self.bytes_in)
-            self._rates = (up, down)
         up, down = self._rates
         return IslandRecord(peer_id=self.peer_id, endpoint=self.server.endpoint, version=s.version, tokens=s.tokens,
                             tokens_per_s=tokens_per_s, loss=self.island.last_loss, eval_loss=self.eval_loss,
