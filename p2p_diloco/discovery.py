@@ -39,7 +39,7 @@ from p2p_diloco import addresses
 from p2p_diloco.config import DiscoveryConfig
 from p2p_diloco.errors import DiscoveryError
 from p2p_diloco.membership import (
-    ENDPOINT_RE, MAX_ENDPOINT_LEN, MAX_INT, PEER_ID_RE, STATES, IslandRecord, Membership, fingerprint,
+    ENDPOINT_RE, MAX_ENDPOINT_LEN, MAX_INT, PEER_ID_RE, STATES, BackgroundMembership, IslandRecord, fingerprint,
 )
 
 logger = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ def peer_id_from_identity(identity_path: str) -> str:
         return str(PeerID.from_identity(f.read()))
 
 
-class DhtMembership(Membership):
+class DhtMembership(BackgroundMembership):
     """The membership of one run kept in a hivemind DHT (see the module docstring).
 
     The background thread never waits on the DHT: stores, reads and bootstrap pings are issued as
@@ -236,24 +236,12 @@ class DhtMembership(Membership):
         """This island's own DHT multiaddrs (another island may bootstrap from them)."""
         return list(self._visible_maddrs)
 
-    def announce(self, record: IslandRecord) -> None:
-        self._check_own(record)
-        if self.observer:
-            raise DiscoveryError("an observer cannot announce a record")
-        with self._lock:
-            if self._left:
-                raise DiscoveryError("announce() after leave()")
-            self._record, self._dirty = record, True
-        self._wake.set()
-
-    def members(self) -> dict[str, IslandRecord]:
+    def _live_records(self) -> dict[str, IslandRecord]:
         now = get_dht_time()
-        with self._lock:
-            out = {rec.peer_id: rec for rec, exp in self._entries.values() if rec is not None and exp > now}
-            out.pop(self._peer_id, None)
-            if self._record is not None and not self._left:
-                out[self._peer_id] = self._record
-        return out
+        return {rec.peer_id: rec for rec, exp in self._entries.values() if rec is not None and exp > now}
+
+    def _kick(self) -> None:
+        self._wake.set()
 
     def refresh(self, timeout: float = 10.0) -> dict[str, IslandRecord]:
         """Read the member list from the whole DHT now (waits at most `timeout`) and return `members()`."""
@@ -264,16 +252,6 @@ class DhtMembership(Membership):
         with self._poll_done:
             self._poll_done.wait_for(lambda: self._polls >= target or self._stop.is_set(), timeout)
         return self.members()
-
-    def leave(self) -> None:
-        with self._lock:
-            if self._left or self._record is None or not self._thread.is_alive():
-                self._left = True
-                return
-            self._leave_requested = True
-        self._wake.set()
-        if not self._left_event.wait(timeout=5.0):
-            logger.warning("leave: the tombstone was not confirmed within 5 s")
 
     def shutdown(self) -> None:
         if self._stop.is_set():

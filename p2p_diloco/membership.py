@@ -19,12 +19,15 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
+import logging
 import math
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from p2p_diloco.errors import DiscoveryError
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from p2p_diloco.config import DiscoveryConfig
@@ -177,6 +180,58 @@ class Membership(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+class BackgroundMembership(Membership):
+    """The facade both back-ends share: the own record and leaving, in front of a background thread.
+
+    A subclass's `__init__` sets `_lock`, `_record`, `_dirty`, `_left`, `_leave_requested`,
+    `_left_event`, `observer` and `_thread`, and implements `_live_records()` (the others' records,
+    under the lock). `_kick()` wakes the thread when it sleeps on an event; `_announced(first)`
+    runs under the lock when a record is set. The thread stores `_record` while `_dirty`, sends
+    the tombstone when `_leave_requested`, and sets `_left_event` once it is out.
+    """
+
+    _leave_timeout: float = 5.0
+
+    @abc.abstractmethod
+    def _live_records(self) -> dict[str, IslandRecord]:
+        """The others' live records by peer id (called with `_lock` held)."""
+
+    def _kick(self) -> None:
+        """Wake the background thread (no-op for a thread that polls)."""
+
+    def _announced(self, first: bool) -> None:
+        """Called under the lock when a record is set; `first` on the very first one."""
+
+    def announce(self, record: IslandRecord) -> None:
+        self._check_own(record)
+        if self.observer:
+            raise DiscoveryError("an observer cannot announce a record")
+        with self._lock:
+            if self._left:
+                raise DiscoveryError("announce() after leave()")
+            self._announced(self._record is None)
+            self._record, self._dirty = record, True
+        self._kick()
+
+    def members(self) -> dict[str, IslandRecord]:
+        with self._lock:
+            out = self._live_records()
+            out.pop(self.peer_id, None)
+            if self._record is not None and not self._left:
+                out[self.peer_id] = self._record
+        return out
+
+    def leave(self) -> None:
+        with self._lock:
+            if self._left or self._record is None or not self._thread.is_alive():
+                self._left = True
+                return
+            self._leave_requested = True
+        self._kick()
+        if not self._left_event.wait(timeout=self._leave_timeout):
+            logger.warning("leave: the tombstone was not sent within %.0f s", self._leave_timeout)
 
 
 def open_membership(config: DiscoveryConfig, *, observer: bool = False) -> Membership:

@@ -26,7 +26,7 @@ import zmq
 from p2p_diloco import addresses
 from p2p_diloco.config import DiscoveryConfig
 from p2p_diloco.errors import DiscoveryError
-from p2p_diloco.membership import IslandRecord, Membership
+from p2p_diloco.membership import BackgroundMembership, IslandRecord
 from p2p_diloco.rendezvous import (
     MAX_MESSAGE_BYTES, Entry, MemberTable, SigningKey, answer_sync, decode, encode, pick_entries,
 )
@@ -41,10 +41,11 @@ IDLE_WAIT = 0.1
 """Longest the thread sleeps between checks for announce/leave requests."""
 
 
-class ZmqMembership(Membership):
+class ZmqMembership(BackgroundMembership):
     """The membership of one run over ZeroMQ (see the module docstring)."""
 
     kind = "zmq"
+    _leave_timeout = REQUEST_TIMEOUT + 2.0
 
     def __init__(self, config: DiscoveryConfig, *, observer: bool = False) -> None:
         self.config, self.observer = config, observer
@@ -97,23 +98,11 @@ class ZmqMembership(Membership):
     def peer_id(self) -> str:
         return self._key.peer_id
 
-    def announce(self, record: IslandRecord) -> None:
-        self._check_own(record)
-        if self.observer:
-            raise DiscoveryError("an observer cannot announce a record")
-        with self._lock:
-            if self._left:
-                raise DiscoveryError("announce() after leave()")
-            self._sync_requested |= self._record is None  # spread a new member's entry at once
-            self._record, self._dirty = record, True
+    def _live_records(self) -> dict[str, IslandRecord]:
+        return self._table.records(time.time())
 
-    def members(self) -> dict[str, IslandRecord]:
-        with self._lock:
-            out = self._table.records(time.time())
-            out.pop(self.peer_id, None)
-            if self._record is not None and not self._left:
-                out[self.peer_id] = self._record
-        return out
+    def _announced(self, first: bool) -> None:
+        self._sync_requested |= first  # spread a new member's entry at once
 
     def refresh(self, timeout: float = 10.0) -> dict[str, IslandRecord]:
         """Sync now (waits at most `timeout`) and return `members()`."""
@@ -123,15 +112,6 @@ class ZmqMembership(Membership):
         with self._poll_done:
             self._poll_done.wait_for(lambda: self._polls >= target or self._stop.is_set(), timeout)
         return self.members()
-
-    def leave(self) -> None:
-        with self._lock:
-            if self._left or self._record is None or not self._thread.is_alive():
-                self._left = True
-                return
-            self._leave_requested = True
-        if not self._left_event.wait(timeout=REQUEST_TIMEOUT + 2.0):
-            logger.warning("leave: the tombstone was not sent within %.0f s", REQUEST_TIMEOUT + 2.0)
 
     def shutdown(self) -> None:
         if self._stop.is_set():
