@@ -48,16 +48,35 @@ class IslandProc:
         assert len(self.rounds()) >= n, f"{self.name} exited early:\n{self.tail()}"
         return self.rounds()
 
-    def summary(self, timeout: float = 120) -> dict:
+    def summary(self, timeout: float = 120, expect: int = 0) -> dict:
         code = self.proc.wait(timeout)
-        assert code == 0, f"{self.name} exited with {code}:\n{self.tail()}"
+        assert code == expect, f"{self.name} exited with {code}:\n{self.tail()}"
         return json.loads(self.out.read_text().splitlines()[-1])
+
+    def mixed_partners(self) -> set[str]:
+        """Peer ids whose state this island has mixed in (a round with a partner and a weight)."""
+        return {r["partner"] for r in self.rounds() if r.get("partner") and r.get("weight")}
 
     def signal(self, sig: int) -> None:
         os.killpg(self.proc.pid, sig) if sig == signal.SIGKILL else os.kill(self.proc.pid, sig)
 
     def tail(self, n: int = 4000) -> str:
         return self.log.read_text()[-n:]
+
+
+def run_until_mixed(islands: list[IslandProc], rounds: int, timeout: float) -> list[dict]:
+    """Let islands (started with a large --max-rounds) train until each has done `rounds` rounds and
+    mixed a partner's state, then stop them with SIGTERM and return their summaries.
+
+    Islands come up at different moments (each starts its own discovery node), so a fixed round
+    count is a race: a fast starter can finish before the others are in the swarm.
+    """
+    for isl in islands:
+        wait_until(lambda: (len(isl.rounds()) >= rounds and isl.mixed_partners()) or isl.proc.poll() is not None,
+                   timeout, f"{isl.name} to do {rounds} rounds and mix with a partner")
+    for isl in islands:
+        isl.signal(signal.SIGTERM)
+    return [isl.summary(60, expect=143) for isl in islands]
 
 
 def start_bootstrap(procs, tmp: Path, discovery: str = "zmq") -> tuple[Bootstrap, list[str]]:

@@ -7,21 +7,21 @@ import statistics
 import time
 
 import pytest
-from swarm_harness import IslandProc, start_bootstrap, wait_until
+from swarm_harness import IslandProc, run_until_mixed, start_bootstrap, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
 
 def test_islands_learn_and_gossip_over_the_dht(procs, tmp_path):
     _, entry = start_bootstrap(procs, tmp_path, "dht")
-    islands = [IslandProc(procs, tmp_path, f"i{k}", entry, "-H", "10", "--max-rounds", "12", discovery="dht")
+    islands = [IslandProc(procs, tmp_path, f"i{k}", entry, "-H", "10", "--max-rounds", "1000", discovery="dht")
                for k in range(3)]
-    summaries = [isl.summary(180) for isl in islands]
+    summaries = run_until_mixed(islands, 12, 150)
     ids = {s["peer_id"] for s in summaries}
     for isl, s in zip(islands, summaries):
         assert s["eval_loss"] < s["initial_loss"] - 1.0, s  # every island learned
         assert s["version"] >= 12
-        partners = {r["partner"] for r in isl.rounds() if r.get("partner") and r.get("weight")}
+        partners = isl.mixed_partners()
         assert partners and partners <= ids - {s["peer_id"]}, partners  # mixed only with other islands
         assert s["bytes_in"] > 0 and s["bytes_out"] > 0
 
