@@ -86,6 +86,8 @@ def diloco_options(f):
     f = click.option("--outer-momentum", type=float, default=D.outer_momentum, show_default=True, help="Outer Nesterov momentum.")(f)
     f = click.option("--momentum", type=click.Choice(["mixed", "local"]), default=D.momentum, show_default=True,
                      help="Mix outer momentum with the partner's, or keep it local.")(f)
+    f = click.option("--mix-at", type=click.Choice(["arrival", "round-end"]), default=D.mix_at, show_default=True,
+                     help="Mix a partner's state as soon as it arrives (anchor and weights), or at the end of the round.")(f)
     f = click.option("--mix-weight", type=float, default=D.mix_weight, show_default=True,
                      help="Partner weight at equal tokens and no staleness.")(f)
     f = click.option("--mix-pseudo-gradient/--no-mix-pseudo-gradient", default=D.mix_pseudo_gradient, show_default=True,
@@ -104,7 +106,7 @@ def build_configs(kw: dict):
     train = TrainConfig(batch_size=kw.pop("batch_size"), lr=kw.pop("lr"), seed=kw.get("seed", 0))
     diloco = DiLoCoConfig(local_steps=kw.pop("local_steps"), outer_lr=kw.pop("outer_lr"),
                           outer_momentum=kw.pop("outer_momentum"), momentum=kw.pop("momentum"),
-                          mix_weight=kw.pop("mix_weight"), mix_pseudo_gradient=kw.pop("mix_pseudo_gradient"),
+                          mix_at=kw.pop("mix_at"), mix_weight=kw.pop("mix_weight"), mix_pseudo_gradient=kw.pop("mix_pseudo_gradient"),
                           max_staleness=kw.pop("max_staleness"))
     return model, train, diloco
 

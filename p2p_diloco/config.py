@@ -16,6 +16,7 @@ from typing import Any
 from p2p_diloco.errors import ConfigError
 
 MOMENTUM_MODES = ("mixed", "local")
+MIX_TIMES = ("arrival", "round-end")
 
 
 def _require(cond: bool, section: str, field: str, rule: str, value: Any) -> None:
@@ -119,11 +120,13 @@ class DiLoCoConfig:
     """A partner more than this many versions behind is skipped."""
     staleness_decay: float = 0.5
     """Each version a partner is behind multiplies its weight by (1 - staleness_decay * lag / max_staleness)."""
+    mix_at: str = "arrival"
+    """When a partner state fetched during a round is mixed. `arrival`: as soon as it arrives, into
+    the anchor and the running weights alike, so the rest of the round trains from the mixed point;
+    `round-end`: into the anchor just before the outer step (DESIGN.md step 3)."""
     mix_pseudo_gradient: bool = False
     """Average the pseudo-gradient with the partner's last one as well (NoLoCo style). Off by default:
     with one round of delay the partner's last one is stale, and mixing it cost 8.7% (BENCHMARKS.md)."""
-    partners: int = 1
-    """k: partner states mixed per round (1 = pairwise gossip)."""
 
     def __post_init__(self) -> None:
         s = "diloco"
@@ -132,10 +135,10 @@ class DiLoCoConfig:
         _require(0 < self.outer_lr <= 2, s, "outer_lr", "in (0, 2]", self.outer_lr)
         _require(0 <= self.outer_momentum < 1, s, "outer_momentum", "in [0, 1)", self.outer_momentum)
         _require(self.momentum in MOMENTUM_MODES, s, "momentum", f"one of {MOMENTUM_MODES}", self.momentum)
+        _require(self.mix_at in MIX_TIMES, s, "mix_at", f"one of {MIX_TIMES}", self.mix_at)
         _require(0 < self.mix_weight <= 1, s, "mix_weight", "in (0, 1]", self.mix_weight)
         _require(self.max_staleness >= 0, s, "max_staleness", ">= 0", self.max_staleness)
         _require(0 <= self.staleness_decay <= 1, s, "staleness_decay", "in [0, 1]", self.staleness_decay)
-        _require(self.partners >= 1, s, "partners", ">= 1", self.partners)
 
 
 def load_toml(path: str | Path) -> dict[str, dict[str, Any]]:

@@ -14,7 +14,7 @@ from torch.nn.utils import parameters_to_vector
 from p2p_diloco.config import DiLoCoConfig, TrainConfig
 from p2p_diloco.data import BatchSampler
 from p2p_diloco.inner import InnerLoop
-from p2p_diloco.outer import OuterState, PartnerState, mixing_weight, outer_update
+from p2p_diloco.outer import OuterState, PartnerState, mixing_weight, outer_update, shift_toward
 
 
 @torch.no_grad()
@@ -40,6 +40,7 @@ class Island:
         self.state = OuterState.fresh(parameters_to_vector(model.parameters()))
         self.tokens_per_step = sampler.batch_size * sampler.block_size
         self.round_steps = 0
+        self.arrived: list[tuple[PartnerState, float]] = []  # partners mixed during this round
         self.last_loss: float | None = None
 
     def params_vector(self) -> torch.Tensor:
@@ -49,6 +50,7 @@ class Island:
         """Reset the model's weights to the anchor; the inner optimizer state carries on."""
         load_vector(self.model, self.state.phi)
         self.round_steps = 0
+        self.arrived = []
 
     def inner_step(self) -> float:
         x, y = self.sampler.next()
@@ -63,6 +65,23 @@ class Island:
         """Pair each arrived partner state with its mixing weight (0 = skipped)."""
         return [(p, mixing_weight(self.cfg, self.state.version, self.state.tokens, p)) for p in partners]
 
+    def mix_arrived(self, partner: PartnerState) -> tuple[float, torch.Tensor | None]:
+        """Mix a partner state that arrived mid-round into the anchor and the running weights.
+
+        Returns its weight and the shift applied to the weights (None when skipped), which the
+        other ranks of a torchrun island apply too.
+        """
+        (_, a), = self.weigh([partner])
+        self.arrived.append((partner, a))
+        if a <= 0:
+            return a, None
+        shift = shift_toward(self.state, partner, a, self.cfg)
+        self.shift_weights(shift)
+        return a, shift
+
+    def shift_weights(self, shift: torch.Tensor) -> None:
+        load_vector(self.model, self.params_vector() + shift)
+
     def end_round(self, partners: list[PartnerState], delta: torch.Tensor | None = None) -> list[float]:
         """Mix the partners' states, take the outer step, load the new anchor. Returns the weights used.
 
@@ -70,7 +89,7 @@ class Island:
         """
         own = self.pseudo_gradient() if delta is None else delta
         weighted = self.weigh(partners)
-        outer_update(self.state, own, weighted, self.cfg)
+        outer_update(self.state, own, weighted, self.cfg, self.arrived)
         self.state.tokens += self.round_steps * self.tokens_per_step
         self.begin_round()
         return [a for _, a in weighted]

@@ -100,20 +100,34 @@ def mix(state: OuterState, partner: PartnerState, a: float, cfg: DiLoCoConfig) -
 
 
 def outer_update(state: OuterState, delta: torch.Tensor, partners: list[tuple[PartnerState, float]],
-                 cfg: DiLoCoConfig) -> None:
+                 cfg: DiLoCoConfig, arrived: list[tuple[PartnerState, float]] = ()) -> None:
     """End of a round for one island: mix partner anchors, then one Nesterov step.
 
     The partners' states were published one round earlier than our `delta` was computed: they
     are contemporaneous with our anchor *before* this round's step, so they are mixed into that
     anchor first and our own step follows. That applies a partner's correction relative to the
     state it was computed against, and never pulls our fresh step back toward an old state.
-    With `mix_pseudo_gradient`, the step uses our delta averaged with the partners' last deltas.
+    `arrived` are partners already mixed during the round (`shift_toward`); with
+    `mix_pseudo_gradient`, the step uses our delta averaged with all partners' last deltas.
     """
     used = delta
     for partner, a in partners:
         mix(state, partner, a, cfg)
+    for partner, a in [*arrived, *partners]:
         if cfg.mix_pseudo_gradient and partner.delta is not None and a > 0:
             used = _blend_(used.clone(), partner.delta, a)
     nesterov_step(state, used, cfg.outer_lr, cfg.outer_momentum)
     state.delta = delta.clone()
     state.version += 1
+
+
+def shift_toward(state: OuterState, partner: PartnerState, a: float, cfg: DiLoCoConfig) -> torch.Tensor:
+    """Mix a partner's state into ours mid-round; returns the anchor's shift `a (phi_j - phi_i)`.
+
+    The caller adds the same shift to its running weights, so the pseudo-gradient `phi - theta`
+    still holds only this island's own progress, and the rest of the round trains from the mixed
+    point instead of learning the mix one round late.
+    """
+    shift = (partner.phi - state.phi).mul_(a)
+    mix(state, partner, a, cfg)
+    return shift

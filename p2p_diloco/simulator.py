@@ -198,12 +198,14 @@ class Simulation:
             dt = sim.step_seconds / sim.speed(i)
             steps = max(1, min(H, math.floor(round_seconds / dt + 1e-9), remaining // self.step_tokens))
             committed += steps * self.step_tokens
-            p = {"steps": steps, "busy": steps * dt, "end": t + steps * dt, "partner": None}
+            p = {"steps": steps, "busy": steps * dt, "end": t + steps * dt, "partner": None, "arrives_after": steps}
             if sim.mix_delay == 1 and (j := choose(i, t)) is not None:
                 p["partner"] = published[j]
                 sent[j] += nbytes
                 idle[i] += max(0.0, fetch_s - p["busy"])
                 p["end"] = t + max(p["busy"], fetch_s)
+                if dl.mix_at == "arrival":  # mixed between the inner steps it arrives between
+                    p["arrives_after"] = min(steps, math.ceil(fetch_s / dt - 1e-9))
             plan[i] = p
 
         for i in range(K):
@@ -217,9 +219,11 @@ class Simulation:
             trained = [i for i in group if not plan[i].get("offline")]
             for i in trained:
                 isl, p = islands[i], plan[i]
-                for _ in range(p["steps"]):
+                for step in range(p["steps"]):
+                    if step == p["arrives_after"]:
+                        isl.mix_arrived(p.pop("partner"))
                     isl.inner_step()
-                isl.end_round([p["partner"]] if p["partner"] is not None else [])
+                isl.end_round([p["partner"]] if p.get("partner") is not None else [])
                 busy[i] += p["busy"]
                 rounds[i] += 1
                 tokens += p["steps"] * self.step_tokens

@@ -3,7 +3,8 @@
 Rank 0 owns everything that talks to the swarm (snapshot server, membership, partner fetches,
 the outer step, checkpoints). The other ranks only run inner steps; DDP averages their gradients
 every step, so all ranks hold the same weights. Rank 0 drives the ranks with a tiny command
-broadcast before each action (STEP, NEW_ANCHOR followed by the anchor itself, STOP), which keeps
+broadcast before each action (STEP, NEW_ANCHOR followed by the anchor itself, SHIFT followed by
+the shift a partner's mid-round mix applies to the weights, STOP), which keeps
 them in lockstep even when a round ends early on its time budget.
 """
 
@@ -19,7 +20,7 @@ import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
-STEP, NEW_ANCHOR, STOP = 1, 2, 3
+STEP, NEW_ANCHOR, STOP, SHIFT = 1, 2, 3, 4
 
 
 class IntraIsland:
@@ -55,6 +56,12 @@ class IntraIsland:
             self.command(NEW_ANCHOR)
         dist.broadcast(phi, src=0)
 
+    def share_shift(self, shift: torch.Tensor) -> None:
+        """Rank 0 sends the shift of a mid-round mix; the other ranks receive it into `shift`."""
+        if self.rank == 0:
+            self.command(SHIFT)
+        dist.broadcast(shift, src=0)
+
     def share_seed(self, seed: int) -> int:
         """Rank 0's data seed, on every rank (each rank then adds its own rank)."""
         t = torch.tensor([seed], dtype=torch.int64)
@@ -80,6 +87,10 @@ def follow(group: IntraIsland, island) -> int:
         elif cmd == NEW_ANCHOR:
             group.share_anchor(island.state.phi)
             island.begin_round()
+        elif cmd == SHIFT:
+            shift = torch.zeros_like(island.state.phi)
+            group.share_shift(shift)
+            island.shift_weights(shift)
         elif cmd == STOP:
             return 0
         else:

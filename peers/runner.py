@@ -239,6 +239,26 @@ class IslandRunner:
             info["fetch_error"] = str(e)
             return [], info
 
+    def _mix_if_arrived(self) -> dict | None:
+        """Between inner steps (`mix_at=arrival`): mix a partner state the moment its fetch is done.
+
+        The anchor and the running weights move together (on every rank of a torchrun island), so
+        the rest of the round trains from the mixed point. Returns the exchange's metrics, or None
+        while nothing has arrived.
+        """
+        if self.diloco.mix_at != "arrival" or self.gossip.busy:
+            return None
+        partners, info = self._take_partner()
+        if info["partner"] is None:
+            return None
+        info["weight"] = 0.0
+        if partners:
+            info["staleness"] = self.island.state.version - partners[0].version
+            info["weight"], shift = self.island.mix_arrived(partners[0])
+            if shift is not None and self.group is not None:
+                self.group.share_shift(shift)
+        return info
+
     def utilization(self) -> float:
         """Share of wall time since the first inner step spent in inner steps."""
         return 0.0 if self._t0 is None else self.inner_seconds / max(time.monotonic() - self._t0, 1e-6)
@@ -264,7 +284,9 @@ class IslandRunner:
             self._start_fetch()
             round_start = last_announce = time.monotonic()
             isl.round_steps = 0
+            arrived = None
             while isl.round_steps < H and not self.stop.signum:
+                arrived = arrived or self._mix_if_arrived()
                 if self.group is not None:
                     self.group.command(STEP)
                 step_start = time.monotonic()
@@ -282,8 +304,12 @@ class IslandRunner:
             steps = isl.round_steps
             if steps == 0:
                 break
-            partners, info = self._take_partner()
+            partners, info = self._take_partner()  # a fetch that arrived after the last inner step
             weights = isl.end_round(partners)
+            if partners:
+                info["weight"], info["staleness"] = weights[0], isl.state.version - 1 - partners[0].version
+            elif arrived is not None:
+                info = arrived
             if self.group is not None:
                 self.group.share_anchor(isl.state.phi)
             self.round += 1
@@ -296,13 +322,12 @@ class IslandRunner:
                 self.eval_loss = evaluate(isl.model, self.evals)
             self.publish()
             tps = steps * isl.tokens_per_step / max(compute_s, 1e-6)
-            self.last_partner = info["partner"] if weights and weights[0] > 0 else self.last_partner
+            self.last_partner = info["partner"] if info.get("weight") else self.last_partner
             self.membership.announce(self.record(tps))
             row = {"round": self.round, "version": isl.state.version, "tokens": isl.state.tokens,
                    "own_tokens": self._own_tokens, "steps": steps, "loss": isl.last_loss,
                    "eval_loss": self.eval_loss if self.round % self.cfg.eval_every == 0 else None,
-                   "tokens_per_s": tps, "bytes_out": self.server.stats()["bytes_sent"], "weight": weights[0] if weights else None,
-                   "staleness": (isl.state.version - 1 - partners[0].version) if partners else None,
+                   "tokens_per_s": tps, "bytes_out": self.server.stats()["bytes_sent"], "weight": None, "staleness": None,
                    "inner_s": round(compute_s, 3), "wall_s": round(time.monotonic() - self._t0, 3),
                    "utilization": self.utilization(), **info}
             self.metrics.write(row)

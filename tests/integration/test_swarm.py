@@ -18,8 +18,9 @@ def test_islands_learn_and_gossip_over_the_dht(procs, tmp_path):
                for k in range(3)]
     summaries = run_until_mixed(islands, 12, 150)
     ids = {s["peer_id"] for s in summaries}
+    at_init = max(s["initial_loss"] for s in summaries)  # a later island may join from the swarm's state
     for isl, s in zip(islands, summaries):
-        assert s["eval_loss"] < s["initial_loss"] - 1.0, s  # every island learned
+        assert s["eval_loss"] < min(s["initial_loss"], at_init - 1.0), s  # every island learned
         assert s["version"] >= 12
         partners = isl.mixed_partners()
         assert partners and partners <= ids - {s["peer_id"]}, partners  # mixed only with other islands

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from p2p_diloco.config import DiLoCoConfig
-from p2p_diloco.outer import OuterState, PartnerState, mix, mixing_weight, nesterov_step, outer_update
+from p2p_diloco.outer import OuterState, PartnerState, mix, mixing_weight, nesterov_step, outer_update, shift_toward
 
 
 def state(phi, m=None, version=0, tokens=0):
@@ -93,3 +93,37 @@ def test_outer_update_averages_pseudo_gradients_when_asked():
     outer_update(s, torch.tensor([1.0]), [(partner([0.0], delta=[3.0]), 0.5)], cfg)
     assert s.phi.item() == pytest.approx(-2.0)
     assert s.delta.item() == pytest.approx(1.0)  # what we publish is our own delta
+
+
+def test_shift_toward_mixes_the_anchor_and_returns_the_shift():
+    cfg = DiLoCoConfig(momentum="local")
+    s = state([1.0, -1.0], m=[0.2, 0.2], version=3, tokens=10)
+    shift = shift_toward(s, partner([3.0, 1.0], m=[9.0, 9.0], version=4, tokens=10), 0.25, cfg)
+    assert torch.allclose(shift, torch.tensor([0.5, 0.5]))
+    assert torch.allclose(s.phi, torch.tensor([1.5, -0.5]))
+    assert torch.allclose(s.m, torch.tensor([0.2, 0.2]))  # local momentum stays ours
+    assert s.version == 4
+
+
+def test_mixing_on_arrival_keeps_the_islands_own_pseudo_gradient():
+    """Anchor and running weights move by the same shift, so `phi - theta` is still our own progress."""
+    from p2p_diloco.config import ModelConfig, TrainConfig
+    from p2p_diloco.data import BatchSampler
+    from p2p_diloco.island import Island
+    from p2p_diloco.model import build_model
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(n_layer=1, n_embd=16, n_head=2, block_size=8))
+    data = torch.randint(0, 256, (4096,), dtype=torch.uint8)
+    isl = Island("a", model, TrainConfig(batch_size=2, warmup_steps=0), DiLoCoConfig(token_weighting=False),
+                 BatchSampler(data, 8, 2, seed=0))
+    for _ in range(3):
+        isl.inner_step()
+    own, anchor = isl.pseudo_gradient(), isl.state.phi.clone()
+    other = PartnerState(phi=anchor + 1.0, m=None, delta=None, version=isl.state.version, tokens=0)
+    a, shift = isl.mix_arrived(other)
+    assert a == pytest.approx(0.5) and torch.allclose(shift, torch.full_like(anchor, 0.5))
+    assert torch.allclose(isl.state.phi, anchor + 0.5)
+    assert torch.allclose(isl.pseudo_gradient(), own, atol=1e-6)
+    isl.end_round([])  # our own step from the mixed anchor; the next round starts with no arrivals
+    assert isl.state.version == 1 and isl.arrived == []
