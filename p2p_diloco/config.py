@@ -106,10 +106,10 @@ class DiLoCoConfig:
     """H: inner steps per round (`max_local_steps`; a slow island may do fewer within `round_seconds`)."""
     round_seconds: float | None = None
     """Wall-clock budget of one round's inner steps; None means H steps whatever they take."""
-    outer_lr: float = 0.5
-    """Outer Nesterov learning rate (0.5 measured best for asynchronous gossip; BENCHMARKS.md)."""
-    outer_momentum: float = 0.8
-    """Outer Nesterov momentum mu (0.8 measured better than 0.9 for gossip; BENCHMARKS.md)."""
+    outer_lr: float = 0.7
+    """Outer Nesterov learning rate (with mu 0.5, the best measured for gossip mixed on arrival; BENCHMARKS.md)."""
+    outer_momentum: float = 0.5
+    """Outer Nesterov momentum mu (0.5: a run of a few dozen rounds never builds up 0.9; BENCHMARKS.md)."""
     momentum: str = "local"
     """`mixed`: outer momentum mixed along with the weights; `local`: each island keeps its own."""
     mix_weight: float = 0.5
@@ -123,7 +123,8 @@ class DiLoCoConfig:
     mix_at: str = "arrival"
     """When a partner state fetched during a round is mixed. `arrival`: as soon as it arrives, into
     the anchor and the running weights alike, so the rest of the round trains from the mixed point;
-    `round-end`: into the anchor just before the outer step (DESIGN.md step 3)."""
+    `round-end`: into the anchor just before the outer step (DESIGN.md step 3). Arrival measured
+    better at every outer lr and momentum tried (BENCHMARKS.md)."""
     mix_pseudo_gradient: bool = False
     """Average the pseudo-gradient with the partner's last one as well (NoLoCo style). Off by default:
     with one round of delay the partner's last one is stale, and mixing it cost 8.7% (BENCHMARKS.md)."""

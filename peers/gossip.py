@@ -1,9 +1,10 @@
 """The background gossip worker: fetches a partner's snapshot while the island trains.
 
 Like hivemind's DHT, a synchronous facade over a background thread: the training loop calls
-`start(record)` at the start of a round and `take()` at its end, and never waits on the network.
-A fetch that has not finished by the end of the round keeps going and is taken at a later round
-end (the staleness weight then counts it less); a fetch that fails costs only that exchange.
+`start(record)` at the start of a round and `take()` between inner steps or at the round's end,
+and never waits on the network. A fetch that has not finished by the end of the round keeps
+going and is taken in a later round (the staleness weight then counts it less); a fetch that
+fails costs only that exchange.
 Nothing partial is ever handed over: the transport returns a whole, checked snapshot or raises.
 """
 

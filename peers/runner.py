@@ -4,9 +4,10 @@
 
 1. if no fetch is running, choose a partner and start fetching its snapshot in the background;
 2. up to H inner steps, stopping early when `round_seconds` is spent (a slow island does fewer
-   steps, nobody waits for it);
-3. take the fetched snapshot if it arrived (else mix nothing this round), mix and take the outer
-   step (`Island.end_round`), publish the new state, announce the new record, log metrics.
+   steps, nobody waits for it); with `mix_at=arrival` (the default) the snapshot is mixed into
+   the anchor and the running weights between the inner steps it arrives between;
+3. take the snapshot if it arrived after the last inner step (else mix nothing this round), take
+   the outer step (`Island.end_round`), publish the new state, announce the record, log metrics.
 
 A joining island downloads the freshest member's state first; an island with `--resume`
 continues from its last checkpoint. Ctrl+C or SIGTERM stop after the current inner step: the

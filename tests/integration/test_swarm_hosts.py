@@ -45,8 +45,9 @@ def test_swarm_trains_across_namespaces(procs, tmp_path, net):
                                   discovery="dht", launcher=[*net.exec_prefix(i), sys.executable]))
     summaries = run_until_mixed(islands, 8, 200)
     by_id = {s["peer_id"]: i for i, s in enumerate(summaries, start=1)}
+    at_init = max(s["initial_loss"] for s in summaries)  # a later island may join from the swarm's state
     for isl, s in zip(islands, summaries):
-        assert s["eval_loss"] < s["initial_loss"] - 0.8, s
+        assert s["eval_loss"] < min(s["initial_loss"], at_init - 0.8), s
         assert isl.mixed_partners() <= set(by_id) - {s["peer_id"]}
     endpoints = {json_endpoint(isl) for isl in islands}
     assert endpoints == {f"tcp://{net.address(i)}" for i in (1, 2, 3)}, endpoints
