@@ -5,7 +5,8 @@ keeps information flowing through the whole swarm and keeps everyone from fetchi
 island. A candidate's weight multiplies:
 
 - freshness: `1 / (1 + lag)` where lag is how many versions it is behind the freshest member;
-  members beyond `max_staleness` behind us are not candidates at all;
+  members beyond `max_staleness` behind us are not candidates at all, nor members that have not
+  trained yet (their state is the shared initial one, which token weighting would skip anyway);
 - speed: the download rate we measured from it before (relative to the median), unmeasured
   members counting as median;
 - load: `1 / (1 + upload share)`, the share of the swarm's upload it already carries;
@@ -46,7 +47,7 @@ class PartnerChooser:
         """Weights of the members we could fetch from now (empty when there are none)."""
         now = self.clock()
         others = {pid: r for pid, r in members.items()
-                  if pid != self.self_id and r.state in ("training", "syncing")
+                  if pid != self.self_id and r.state in ("training", "syncing") and r.tokens > 0
                   and own_version - r.version <= self.max_staleness
                   and self.history.get(pid, _PeerHistory()).retry_after <= now}
         if not others:

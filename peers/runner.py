@@ -45,6 +45,8 @@ from peers.partners import PartnerChooser
 
 log = logging.getLogger(__name__)
 ANNOUNCE_EVERY_S = 2.0
+RETRY_PARTNER_S = 0.5
+"""How often a round that found no partner at its start looks again (one may have published since)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,12 +216,12 @@ class IslandRunner:
         log.warning("no member's state could be downloaded; starting from the initial weights")
 
     # -- rounds ----------------------------------------------------------------------------------
-    def _start_fetch(self) -> None:
+    def _start_fetch(self) -> bool:
+        """Start fetching a partner's snapshot unless one is on its way; True if one is."""
         if self.gossip.busy:
-            return
+            return True
         partner = self.chooser.choose(self.membership.members(), self.island.state.version)
-        if partner is not None:
-            self.gossip.start(partner)
+        return partner is not None and self.gossip.start(partner)
 
     def _take_partner(self) -> tuple[list[PartnerState], dict]:
         result = self.gossip.take()
@@ -282,11 +284,13 @@ class IslandRunner:
         self.membership.announce(self.record())
         self._t0 = time.monotonic()  # utilization counts from the first inner step
         while not self._done():
-            self._start_fetch()
-            round_start = last_announce = time.monotonic()
+            fetching = self._start_fetch()
+            round_start = last_announce = next_try = time.monotonic()
             isl.round_steps = 0
             arrived = None
             while isl.round_steps < H and not self.stop.signum:
+                if not fetching and time.monotonic() >= next_try:  # nobody to fetch yet: look again
+                    fetching, next_try = self._start_fetch(), time.monotonic() + RETRY_PARTNER_S
                 arrived = arrived or self._mix_if_arrived()
                 if self.group is not None:
                     self.group.command(STEP)

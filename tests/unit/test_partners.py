@@ -1,0 +1,58 @@
+"""Partner choice: who is a candidate, and how failures, load and staleness weigh."""
+
+import random
+
+import pytest
+
+from p2p_diloco.membership import IslandRecord
+from peers.partners import MAX_BACKOFF_S, MIN_BACKOFF_S, PartnerChooser
+
+
+def rec(pid, version=5, tokens=1000, state="training", upload_bps=0.0):
+    return IslandRecord(peer_id=pid, endpoint=f"tcp://127.0.0.1:{9000 + len(pid)}", version=version, tokens=tokens,
+                        state=state, upload_bps=upload_bps)
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def chooser(**kw):
+    return PartnerChooser("me", max_staleness=8, rng=random.Random(0), **kw)
+
+
+def test_only_trained_live_fresh_enough_others_are_candidates():
+    members = {"me": rec("me"), "a": rec("a"), "fresh-start": rec("fresh-start", version=0, tokens=0),
+               "leaving": rec("leaving", state="leaving"), "far-behind": rec("far-behind", version=0, tokens=10)}
+    assert set(chooser().candidates(members, own_version=9)) == {"a"}
+    assert chooser().choose({"me": rec("me"), "x": rec("x", tokens=0)}, 0) is None  # nothing trained to learn from
+
+
+def test_failed_partner_backs_off_and_doubles():
+    clock = Clock()
+    c = chooser(clock=clock)
+    members = {"a": rec("a"), "b": rec("b")}
+    c.failed("a")
+    assert set(c.candidates(members, 5)) == {"b"}
+    clock.t += MIN_BACKOFF_S + 0.01
+    assert set(c.candidates(members, 5)) == {"a", "b"}
+    c.failed("a")  # second failure in a row: twice the wait
+    clock.t += MIN_BACKOFF_S + 0.01
+    assert "a" not in c.candidates(members, 5)
+    for _ in range(10):
+        c.failed("a")
+    assert c.history["a"].retry_after - clock.t == pytest.approx(MAX_BACKOFF_S)
+    c.succeeded("a", 1000, 1.0)
+    assert "a" in c.candidates(members, 5)
+
+
+def test_loaded_stale_and_previous_partners_weigh_less():
+    c = chooser()
+    w = c.candidates({"idle": rec("idle"), "busy": rec("busy", upload_bps=3e6), "behind": rec("behind", version=3)}, 5)
+    assert w["busy"] < w["idle"] and w["behind"] < w["idle"]
+    picks = {c.choose({"a": rec("a"), "b": rec("b")}, 5).peer_id for _ in range(20)}
+    assert picks == {"a", "b"}  # a random draw, halving the last partner: load spreads
