@@ -231,3 +231,21 @@ def node_id(boot: Bootstrap, kind: str) -> str:
     finally:
         sock.close()
         ctx.term()
+
+
+def assert_swarm_figures(figures: dict, expiry: float = 6.0) -> None:
+    """The discovery issue's figures: all see all within 10 s, a clean exit gone within 2 s, a
+    SIGKILLed member gone within the expiry time (plus one poll)."""
+    assert figures["join_all_s"] <= 10.0
+    assert figures["clean_exit_s"] <= 2.0
+    assert figures["sigkill_s"] <= expiry + 0.5
+
+
+def announce(membership, port: int):
+    """Announce a minimal training record for `membership` on 127.0.0.1:port; returns it."""
+    from p2p_diloco.membership import IslandRecord
+
+    rec = IslandRecord(peer_id=membership.peer_id, endpoint=f"tcp://127.0.0.1:{port}", state="training",
+                       timestamp=time.time())
+    membership.announce(rec)
+    return rec

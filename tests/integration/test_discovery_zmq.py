@@ -10,10 +10,10 @@ import time
 import msgpack
 import pytest
 import zmq
-from discovery_harness import free_port_pair, run_swarm, wait_until
+from discovery_harness import announce, assert_swarm_figures, free_port_pair, run_swarm, wait_until
 
 from p2p_diloco.config import DiscoveryConfig
-from p2p_diloco.membership import IslandRecord, open_membership
+from p2p_diloco.membership import open_membership
 from p2p_diloco.rendezvous import MAX_MESSAGE_BYTES, Entry, RendezvousServer, SigningKey
 
 
@@ -21,15 +21,7 @@ from p2p_diloco.rendezvous import MAX_MESSAGE_BYTES, Entry, RendezvousServer, Si
 def test_swarm_of_eight_over_zmq(procs, tmp_path):
     figures = run_swarm(procs, tmp_path, "zmq")
     print("zmq figures:", figures)
-    assert figures["join_all_s"] <= 10.0
-    assert figures["clean_exit_s"] <= 2.0
-    assert figures["sigkill_s"] <= 6.0 + 0.5
-
-
-def announce(m, port: int) -> IslandRecord:
-    rec = IslandRecord(peer_id=m.peer_id, endpoint=f"tcp://127.0.0.1:{port}", state="training", timestamp=time.time())
-    m.announce(rec)
-    return rec
+    assert_swarm_figures(figures)
 
 
 @pytest.fixture
