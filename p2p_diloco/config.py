@@ -154,18 +154,6 @@ def load_toml(path: str | Path) -> dict[str, dict[str, Any]]:
     return data
 
 
-def build(cls: type, section: str, values: dict[str, Any]) -> Any:
-    """Construct config section `cls` from a dict, rejecting unknown fields by name."""
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ConfigError(f"unknown field(s) in [{section}]: {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    try:
-        return cls(**values)
-    except TypeError as e:
-        raise ConfigError(f"[{section}]: {e}") from e
-
-
 DISCOVERY_KINDS = ("auto", "dht", "zmq")
 _RUN_ID_RE = r"^[A-Za-z0-9_-]{1,64}$"
 

@@ -222,9 +222,10 @@ class Simulation:
                 isl, p = islands[i], plan[i]
                 for step in range(p["steps"]):
                     if step == p["arrives_after"]:
-                        isl.mix_arrived(p.pop("partner"))
+                        isl.mix_arrived(p["partner"])
                     isl.inner_step()
-                isl.end_round([p["partner"]] if p.get("partner") is not None else [])
+                late = p["partner"] is not None and p["arrives_after"] == p["steps"]
+                isl.end_round([p["partner"]] if late else [])
                 busy[i] += p["busy"]
                 rounds[i] += 1
                 tokens += p["steps"] * self.step_tokens

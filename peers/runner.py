@@ -20,7 +20,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import random
 import signal
 import time

@@ -7,6 +7,7 @@ test can wait for a view and measure, from the members' own timestamps, how long
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -249,3 +250,29 @@ def announce(membership, port: int):
                        timestamp=time.time())
     membership.announce(rec)
     return rec
+
+
+@contextlib.contextmanager
+def two_runs(bootstrap: tuple[str, ...], discovery: str, meet_timeout: float):
+    """Islands A and B of run r1 and C of run r2 in this process, announced and met; yields
+    (a, b, c, records by peer id) and shuts them down afterwards."""
+    from p2p_diloco.config import DiscoveryConfig
+    from p2p_diloco.membership import open_membership
+
+    cfg = dict(bootstrap=bootstrap, discovery=discovery, expiry=8.0, refresh=1.0, poll=0.25)
+    a, b = (open_membership(DiscoveryConfig(run_id="r1", **cfg)) for _ in range(2))
+    c = open_membership(DiscoveryConfig(run_id="r2", **cfg))
+    try:
+        recs = {m.peer_id: announce(m, 6000 + i) for i, m in enumerate((a, b, c))}
+        wait_until(lambda: len(a.members()) == len(b.members()) == 2, meet_timeout, "A and B to meet")
+        yield a, b, c, recs
+    finally:
+        for m in (a, b, c):
+            m.shutdown()
+
+
+def assert_runs_isolated(a, b, c, recs: dict) -> None:
+    """A and B (run r1) see exactly each other, with the records announced; C (run r2) only itself."""
+    assert set(a.refresh()) == set(b.refresh()) == {a.peer_id, b.peer_id}
+    assert set(c.refresh()) == {c.peer_id}
+    assert a.members()[b.peer_id] == recs[b.peer_id]

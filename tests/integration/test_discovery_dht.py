@@ -13,7 +13,8 @@ import time
 from functools import partial
 
 import pytest
-from discovery_harness import Bootstrap, announce, assert_swarm_figures, free_port_pair, run_swarm, wait_until
+from discovery_harness import (Bootstrap, announce, assert_runs_isolated, assert_swarm_figures, free_port_pair, run_swarm,
+                               two_runs, wait_until)
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord
@@ -42,23 +43,17 @@ def swarm(tmp_path_factory):
     """A bootstrap node, islands A and B of run r1, island C of run r2, all in this process."""
     boot = BootstrapNode(port=free_port_pair(), identity=tmp_path_factory.mktemp("boot") / "id.key")
     boot.start()
-    cfg = dict(bootstrap=tuple(boot.addresses[:1]), discovery="dht", expiry=8.0, refresh=1.0, poll=0.25)
-    a, b = (open_membership(DiscoveryConfig(run_id="r1", **cfg)) for _ in range(2))
-    c = open_membership(DiscoveryConfig(run_id="r2", **cfg))
-    recs = {m.peer_id: announce(m, 6000 + i) for i, m in enumerate((a, b, c))}
-    wait_until(lambda: len(a.members()) == 2 and len(b.members()) == 2, 20, "A and B to meet")
-    yield boot, a, b, c, recs
-    for m in (a, b, c):
-        m.shutdown()
-    boot.shutdown()
+    try:
+        with two_runs(tuple(boot.addresses[:1]), "dht", 20) as (a, b, c, recs):
+            yield boot, a, b, c, recs
+    finally:
+        boot.shutdown()
 
 
 @pytest.mark.timeout(60)
 def test_runs_sharing_a_dht_do_not_see_each_other(swarm):
     boot, a, b, c, recs = swarm
-    assert set(a.refresh()) == set(b.refresh()) == {a.peer_id, b.peer_id}
-    assert set(c.refresh()) == {c.peer_id}
-    assert a.members()[b.peer_id] == recs[b.peer_id]
+    assert_runs_isolated(a, b, c, recs)
 
 
 async def _store_at(_dht, node, target: str, maddrs: list[str], key: str, subkey: bytes, value, signer, pad: int = 0):

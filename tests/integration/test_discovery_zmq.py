@@ -10,7 +10,7 @@ import time
 import msgpack
 import pytest
 import zmq
-from discovery_harness import announce, assert_swarm_figures, free_port_pair, run_swarm, wait_until
+from discovery_harness import assert_runs_isolated, assert_swarm_figures, free_port_pair, run_swarm, two_runs
 
 from p2p_diloco.config import DiscoveryConfig
 from p2p_diloco.membership import open_membership
@@ -28,15 +28,11 @@ def test_swarm_of_eight_over_zmq(procs, tmp_path):
 def swarm():
     """A rendezvous and islands A, B of run r1 and C of run r2, in this process."""
     server = RendezvousServer("127.0.0.1", 0, "test-node").start()
-    cfg = dict(bootstrap=(server.address,), discovery="zmq", expiry=8.0, refresh=1.0, poll=0.25)
-    a, b = (open_membership(DiscoveryConfig(run_id="r1", **cfg)) for _ in range(2))
-    c = open_membership(DiscoveryConfig(run_id="r2", **cfg))
-    recs = {m.peer_id: announce(m, 6000 + i) for i, m in enumerate((a, b, c))}
-    wait_until(lambda: len(a.members()) == len(b.members()) == 2, 10, "A and B to meet")
-    yield server, a, b, c, recs
-    for m in (a, b, c):
-        m.shutdown()
-    server.close()
+    try:
+        with two_runs((server.address,), "zmq", 10) as (a, b, c, recs):
+            yield server, a, b, c, recs
+    finally:
+        server.close()
 
 
 class Raw:
@@ -66,9 +62,7 @@ def sync(run: str, entries: list) -> bytes:
 @pytest.mark.timeout(60)
 def test_runs_sharing_a_rendezvous_do_not_see_each_other(swarm):
     server, a, b, c, recs = swarm
-    assert set(a.refresh()) == set(b.refresh()) == {a.peer_id, b.peer_id}
-    assert set(c.refresh()) == {c.peer_id}
-    assert a.members()[b.peer_id] == recs[b.peer_id]
+    assert_runs_isolated(a, b, c, recs)
     assert set(server.tables) == {"r1", "r2"}
 
 
