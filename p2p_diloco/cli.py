@@ -33,10 +33,35 @@ def _load_config_file(ctx: click.Context, _param: click.Parameter, path: str | N
     from p2p_diloco.errors import ConfigError
 
     try:
-        data = load_toml(path)
+        ctx.default_map = _default_map(ctx.command, load_toml(path))
     except ConfigError as e:
         raise click.BadParameter(str(e)) from e
-    ctx.default_map = {cmd: {k.replace("-", "_"): v for k, v in opts.items()} for cmd, opts in data.items()}
+
+
+def _default_map(group: click.Group, tables: dict, where: str = "") -> dict:
+    """The file's tables as click's default_map, checked against the commands: a misspelt table or
+    option is an error naming what exists, not a setting silently ignored."""
+    from p2p_diloco.errors import ConfigError
+
+    out = {}
+    for name, table in tables.items():
+        cmd, section = group.commands.get(name), f"{where}{name}"
+        if cmd is None:
+            raise ConfigError(f"[{section}]: no such command; known: {', '.join(sorted(group.commands))}")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{section} must be a table ([{section}]) of option defaults, got {table!r}")
+        if isinstance(cmd, click.Group):
+            out[name] = _default_map(cmd, table, f"{section}.")
+            continue
+        # an option is named as on the command line (`local-steps`, `json`) or as its parameter
+        names = {p.name: p.name for p in cmd.params if p.name}
+        names |= {o[2:].replace("-", "_"): p.name for p in cmd.params for o in p.opts if o.startswith("--")}
+        unknown = sorted(k for k in table if k.replace("-", "_") not in names)
+        if unknown:
+            known = sorted(o[2:] for p in cmd.params for o in p.opts if o.startswith("--"))
+            raise ConfigError(f"[{section}]: unknown option(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        out[name] = {names[k.replace("-", "_")]: v for k, v in table.items()}
+    return out
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "P2P_DILOCO"})

@@ -143,7 +143,7 @@ class DiLoCoConfig:
 
 
 def load_toml(path: str | Path) -> dict[str, dict[str, Any]]:
-    """Read a TOML config file into `{section: {field: value}}`; unknown sections are an error."""
+    """Read a TOML config file into `{section: {field: value}}` (the CLI checks the names)."""
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
