@@ -243,25 +243,11 @@ class DhtMembership(BackgroundMembership):
     def _kick(self) -> None:
         self._wake.set()
 
-    def refresh(self, timeout: float = 10.0) -> dict[str, IslandRecord]:
-        """Read the member list from the whole DHT now (waits at most `timeout`) and return `members()`."""
-        with self._lock:
-            target = self._polls + 1 + (self._pending_get is not None)
-            self._full_requested = True
-        self._wake.set()
-        with self._poll_done:
-            self._poll_done.wait_for(lambda: self._polls >= target or self._stop.is_set(), timeout)
-        return self.members()
+    def _request_poll(self) -> int:
+        self._full_requested = True
+        return 1 + (self._pending_get is not None)  # a read already in flight may predate the request
 
-    def shutdown(self) -> None:
-        if self._stop.is_set():
-            return
-        self.leave()
-        self._stop.set()
-        self._wake.set()
-        self._thread.join(timeout=10.0)
-        if self._thread.is_alive():
-            logger.warning("the DHT membership thread did not stop within 10 s; shutting the DHT down under it")
+    def _after_stop(self) -> None:
         self.dht.shutdown()
 
     # -- background thread -------------------------------------------------------------------

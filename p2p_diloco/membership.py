@@ -186,17 +186,28 @@ class BackgroundMembership(Membership):
     """The facade both back-ends share: the own record and leaving, in front of a background thread.
 
     A subclass's `__init__` sets `_lock`, `_record`, `_dirty`, `_left`, `_leave_requested`,
-    `_left_event`, `observer` and `_thread`, and implements `_live_records()` (the others' records,
-    under the lock). `_kick()` wakes the thread when it sleeps on an event; `_announced(first)`
-    runs under the lock when a record is set. The thread stores `_record` while `_dirty`, sends
-    the tombstone when `_leave_requested`, and sets `_left_event` once it is out.
+    `_left_event`, `_stop`, `_polls`, `_poll_done` (a condition on `_lock`), `observer` and
+    `_thread`, and implements `_live_records()` (the others' records, under the lock) and
+    `_request_poll()`. `_kick()` wakes the thread when it sleeps on an event; `_announced(first)`
+    runs under the lock when a record is set; `_after_stop()` releases what the thread did not own.
+    The thread stores `_record` while `_dirty`, sends the tombstone when `_leave_requested`, sets
+    `_left_event` once it is out, and counts `_polls` (notifying `_poll_done`) as it reads the swarm.
     """
 
     _leave_timeout: float = 5.0
+    _join_timeout: float = 10.0
 
     @abc.abstractmethod
     def _live_records(self) -> dict[str, IslandRecord]:
         """The others' live records by peer id (called with `_lock` held)."""
+
+    @abc.abstractmethod
+    def _request_poll(self) -> int:
+        """Ask the thread for a fresh read of the swarm (with `_lock` held); returns how many
+        polls from now will include it."""
+
+    def _after_stop(self) -> None:
+        """After the thread has stopped (or was abandoned): release what it does not own."""
 
     def _kick(self) -> None:
         """Wake the background thread (no-op for a thread that polls)."""
@@ -232,6 +243,27 @@ class BackgroundMembership(Membership):
         self._kick()
         if not self._left_event.wait(timeout=self._leave_timeout):
             logger.warning("leave: the tombstone was not sent within %.0f s", self._leave_timeout)
+
+    def refresh(self, timeout: float = 10.0) -> dict[str, IslandRecord]:
+        """Read the swarm now (waits at most `timeout`) and return `members()`."""
+        with self._lock:
+            target = self._polls + self._request_poll()
+        self._kick()
+        with self._poll_done:
+            self._poll_done.wait_for(lambda: self._polls >= target or self._stop.is_set(), timeout)
+        return self.members()
+
+    def shutdown(self) -> None:
+        if self._stop.is_set():
+            return
+        self.leave()
+        self._stop.set()
+        self._kick()
+        self._thread.join(timeout=self._join_timeout)
+        if self._thread.is_alive():
+            logger.warning("the %s membership thread did not stop within %.0f s; going on without it",
+                           self.kind, self._join_timeout)
+        self._after_stop()
 
 
 def open_membership(config: DiscoveryConfig, *, observer: bool = False) -> Membership:

@@ -45,6 +45,7 @@ class ZmqMembership(BackgroundMembership):
     """The membership of one run over ZeroMQ (see the module docstring)."""
 
     kind = "zmq"
+    _join_timeout = REQUEST_TIMEOUT + 5.0
     _leave_timeout = REQUEST_TIMEOUT + 2.0
 
     def __init__(self, config: DiscoveryConfig, *, observer: bool = False) -> None:
@@ -104,23 +105,9 @@ class ZmqMembership(BackgroundMembership):
     def _announced(self, first: bool) -> None:
         self._sync_requested |= first  # spread a new member's entry at once
 
-    def refresh(self, timeout: float = 10.0) -> dict[str, IslandRecord]:
-        """Sync now (waits at most `timeout`) and return `members()`."""
-        with self._lock:
-            target = self._polls + 1
-            self._sync_requested = True
-        with self._poll_done:
-            self._poll_done.wait_for(lambda: self._polls >= target or self._stop.is_set(), timeout)
-        return self.members()
-
-    def shutdown(self) -> None:
-        if self._stop.is_set():
-            return
-        self.leave()
-        self._stop.set()
-        self._thread.join(timeout=REQUEST_TIMEOUT + 5.0)
-        if self._thread.is_alive():
-            logger.warning("the ZeroMQ membership thread did not stop in time; abandoning its sockets")
+    def _request_poll(self) -> int:
+        self._sync_requested = True
+        return 1
 
     # -- background thread: owns every socket -------------------------------------------------
 
