@@ -1,10 +1,12 @@
-"""Per-round metrics: one JSON line per round in `metrics.jsonl`, and a one-line progress report."""
+"""Per-round metrics: one JSON line per round in `metrics.jsonl`, a one-line progress report, and
+the link rates an island puts in its discovery record."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -22,6 +24,30 @@ class MetricsLog:
 
     def close(self) -> None:
         self._f.close()
+
+
+class LinkRates:
+    """Upload and download rates averaged over the last `window_s` seconds.
+
+    Gossip moves one snapshot per round in a burst of a fraction of a second, so a rate over the
+    few seconds between two records would read zero most of the time; over a window of several
+    rounds it says what the island's links carry, which is what the dashboard shows and what the
+    partner chooser uses to spread load.
+    """
+
+    def __init__(self, window_s: float = 30.0, now: float | None = None) -> None:
+        self.window_s = window_s
+        self._samples: deque[tuple[float, int, int]] = deque([(time.monotonic() if now is None else now, 0, 0)])
+
+    def update(self, now: float, sent: int, received: int) -> tuple[float, float]:
+        """Record the byte counters at `now`; returns (upload, download) bytes per second."""
+        samples = self._samples
+        samples.append((now, sent, received))
+        while len(samples) > 2 and samples[1][0] <= now - self.window_s:
+            samples.popleft()  # keep one sample at or before the window's start
+        t0, sent0, received0 = samples[0]
+        span = max(now - t0, 1.0)
+        return (sent - sent0) / span, (received - received0) / span
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

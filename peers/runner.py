@@ -39,7 +39,7 @@ from p2p_diloco.outer import PartnerState
 from peers import checkpoint
 from peers.distributed import STEP, STOP, IntraIsland, follow
 from peers.gossip import GossipWorker
-from peers.metrics import MetricsLog, progress_line
+from peers.metrics import LinkRates, MetricsLog, progress_line
 from peers.partners import PartnerChooser
 
 log = logging.getLogger(__name__)
@@ -147,20 +147,14 @@ class IslandRunner:
         self.eval_loss: float | None = None
         self.last_partner: str | None = None
         self.state = "joining"
-        self._rate_mark = (time.monotonic(), 0, 0)
-        self._rates = (0.0, 0.0)
+        self.link_rates = LinkRates()
 
     # -- records ---------------------------------------------------------------------------------
     def record(self, tokens_per_s: float = 0.0) -> IslandRecord:
-        """This island's discovery record; link rates are averages since the previous record."""
+        """This island's discovery record (link rates: see `LinkRates`)."""
         s = self.island.state
         sent = self.server.stats()["bytes_sent"]
-        now = time.monotonic()
-        last_t, last_sent, last_in = self._rate_mark
-        if now - last_t >= 1.0:  # keep a window long enough for a meaningful average
-            self._rates = ((sent - last_sent) / (now - last_t), (self.bytes_in - last_in) / (now - last_t))
-            self._rate_mark = (now, sent, self.bytes_in)
-        up, down = self._rates
+        up, down = self.link_rates.update(time.monotonic(), sent, self.bytes_in)
         return IslandRecord(peer_id=self.peer_id, endpoint=self.server.endpoint, version=s.version, tokens=s.tokens,
                             tokens_per_s=tokens_per_s, loss=self.island.last_loss, eval_loss=self.eval_loss,
                             state=self.state, upload_bps=up, download_bps=down, bytes_sent=sent,

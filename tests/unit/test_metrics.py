@@ -1,0 +1,24 @@
+"""LinkRates: the rates an island reports average bursty transfers over a window of rounds."""
+
+from peers.metrics import LinkRates
+
+
+def test_a_burst_shows_as_a_rate_until_it_leaves_the_window():
+    rates = LinkRates(window_s=30.0, now=0.0)
+    assert rates.update(1.0, 0, 0) == (0.0, 0.0)
+    up, down = rates.update(2.0, 3_000_000, 1_000_000)  # one snapshot served, one fetched
+    assert (up, down) == (1_500_000.0, 500_000.0)
+    for t in range(4, 32, 2):  # quiet records every 2 s: the burst stays in the average
+        up, down = rates.update(float(t), 3_000_000, 1_000_000)
+        assert up == 3_000_000 / t and down == 1_000_000 / t
+    for t in range(32, 40, 2):  # the window slides past the burst
+        up, down = rates.update(float(t), 3_000_000, 1_000_000)
+    assert (up, down) == (0.0, 0.0)
+
+
+def test_the_window_keeps_a_bounded_number_of_samples():
+    rates = LinkRates(window_s=10.0, now=0.0)
+    for t in range(1, 1000):
+        up, _ = rates.update(float(t), 1000 * t, 0)
+        assert up == 1000.0
+    assert len(rates._samples) <= 12
