@@ -15,6 +15,7 @@ import click
 
 from p2p_diloco import __version__
 from p2p_diloco.cli_options import DISCOVERY_CHOICES, discovery_config, discovery_options
+from p2p_diloco.config import DiLoCoConfig
 
 
 def _setup_logging(verbose: int) -> None:
@@ -104,8 +105,7 @@ def model_options(f):
 
 def diloco_options(f):
     """Options of the outer loop, shared by `simulate` and `join`."""
-    from p2p_diloco.config import DiLoCoConfig as D
-
+    D = DiLoCoConfig
     f = click.option("--local-steps", "-H", type=int, default=D.local_steps, show_default=True, help="H: inner steps per round.")(f)
     f = click.option("--outer-lr", type=float, default=D.outer_lr, show_default=True, help="Outer Nesterov learning rate.")(f)
     f = click.option("--outer-momentum", type=float, default=D.outer_momentum, show_default=True, help="Outer Nesterov momentum.")(f)
@@ -124,7 +124,7 @@ def diloco_options(f):
 
 def build_configs(kw: dict):
     """Turn parsed model/train/outer options into validated config dataclasses (pops what it uses)."""
-    from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
+    from p2p_diloco.config import ModelConfig, TrainConfig
 
     model = ModelConfig(size=kw.pop("model_size"), n_layer=kw.pop("n_layer"), n_embd=kw.pop("n_embd"),
                         n_head=kw.pop("n_head"), block_size=kw.pop("block_size"))
@@ -348,6 +348,8 @@ def network_options(f):
 @click.option("--max-rounds", type=int, default=None, help="Stop after this many rounds.")
 @click.option("--max-seconds", type=float, default=None, help="Stop after this many seconds of training.")
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --run-dir.")
+@click.option("--wait-for", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Before the first round, wait (up to 20 s) until this many islands, this one included, are in the run.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind the snapshot server and DHT node.")
 @click.option("--announce", "announce_host", default=None, help="Address others should dial (when --host is not reachable as such).")
 @click.option("--port", type=int, default=0, show_default=True, help="Snapshot server port (0: any free port).")
@@ -390,7 +392,7 @@ def join(**kw) -> None:
                               port=kw["port"], max_tokens=kw["max_tokens"], max_rounds=kw["max_rounds"],
                               max_seconds=kw["max_seconds"], resume=kw["resume"], eval_every=kw["eval_every"],
                               checkpoint_every=kw["checkpoint_every"], name=kw["name"], quiet=kw["quiet"],
-                              slowdown=kw["slowdown"])
+                              slowdown=kw["slowdown"], wait_for=kw["wait_for"])
         code, summary = run_island(island, model, train, diloco, network, discovery, data)
     if as_json and summary:  # ranks other than 0 of a torchrun island have no summary
         click.echo(json.dumps(summary))
@@ -450,7 +452,7 @@ def demo(islands, minutes, latency_ms, bandwidth_mbps, compare, workdir, as_json
 @click.option("--latency-ms", type=float, default=100.0, show_default=True, help="Emulated one-way latency.")
 @click.option("--bandwidth-mbps", type=float, default=1000.0, show_default=True, help="Emulated link bandwidth.")
 @click.option("--compression", type=click.Choice(["fp32", "bf16", "fp16", "int8"]), default="int8", show_default=True)
-@click.option("--local-steps", "-H", type=int, default=25, show_default=True, help="H (the join default).")
+@click.option("--local-steps", "-H", type=int, default=DiLoCoConfig.local_steps, show_default=True, help="H (the join default).")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the islands' files here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_steps, workdir, as_json) -> None:

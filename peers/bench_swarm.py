@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from p2p_diloco.config import DiLoCoConfig
 from peers import checkpoint
 from peers.demo import DemoConfig, run_swarm
 from peers.metrics import read_metrics
@@ -23,9 +24,9 @@ def utilization(run_dir: Path) -> float:
 
 
 def run_bench_swarm(islands: int = 4, tokens: int = 1_500_000, latency_ms: float = 100.0,
-                    bandwidth_mbps: float | None = 1000.0, compression: str = "int8", local_steps: int = 25,
+                    bandwidth_mbps: float | None = 1000.0, compression: str = "int8", local_steps: int = DiLoCoConfig.local_steps,
                     workdir: Path | None = None) -> dict:
-    from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
+    from p2p_diloco.config import ModelConfig, TrainConfig
     from p2p_diloco.data import load_corpus
     from p2p_diloco.simulator import SimConfig, Simulation
 

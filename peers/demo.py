@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from p2p_diloco.config import DiLoCoConfig
+
 log = logging.getLogger(__name__)
 
 
@@ -34,7 +36,7 @@ class DemoConfig:
     latency_ms: float = 0.0
     bandwidth_mbps: float | None = None
     compare: bool = False
-    local_steps: int = 25
+    local_steps: int = DiLoCoConfig.local_steps
     compression: str = "int8"
     run_id: str = "demo"
     workdir: Path | None = None
@@ -126,7 +128,7 @@ def run_swarm(cfg: DemoConfig) -> tuple[Path, list[str], list[dict]]:
     names = [f"island-{i}" for i in range(cfg.islands)]
     limit_args = ["--max-tokens", str(cfg.max_tokens)] if cfg.max_tokens else ["--max-seconds", str(cfg.minutes * 60)]
     args = ["--run-id", cfg.run_id, *limit_args, "-H", str(cfg.local_steps), "--compression", cfg.compression,
-            "--latency-ms", str(cfg.latency_ms), "--eval-every", "5", *cfg.extra_args]
+            "--latency-ms", str(cfg.latency_ms), "--eval-every", "5", "--wait-for", str(cfg.islands), *cfg.extra_args]
     if cfg.bandwidth_mbps:
         args += ["--bandwidth-mbps", str(cfg.bandwidth_mbps)]
     stop_follow = threading.Event()
@@ -186,7 +188,7 @@ def sample_text(checkpoints: Path, prompt: str = "def ", n_bytes: int = 240, see
 
 def baseline_dp(tokens: int, islands: int) -> float:
     """Eval loss of data parallel training (K-times batch every step) at the same total tokens."""
-    from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
+    from p2p_diloco.config import ModelConfig, TrainConfig
     from p2p_diloco.data import load_corpus
     from p2p_diloco.simulator import SimConfig, Simulation
 

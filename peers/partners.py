@@ -13,6 +13,9 @@ island. A candidate's weight multiplies:
 - reachability: after a failed exchange a member is skipped for a backoff that doubles with each
   consecutive failure (2 s .. 60 s);
 - variety: the partner of the previous round counts half.
+
+The caller may also ask only for members that have reached a version (`min_version`): the runner
+does so early in each round, see `IslandConfig.same_version_wait`.
 """
 
 from __future__ import annotations
@@ -43,11 +46,12 @@ class PartnerChooser:
     history: dict[str, _PeerHistory] = field(default_factory=dict)
     last: str | None = None
 
-    def candidates(self, members: dict[str, IslandRecord], own_version: int) -> dict[str, float]:
+    def candidates(self, members: dict[str, IslandRecord], own_version: int, min_version: int = 0) -> dict[str, float]:
         """Weights of the members we could fetch from now (empty when there are none)."""
         now = self.clock()
         others = {pid: r for pid, r in members.items()
                   if pid != self.self_id and r.state in ("training", "syncing") and r.tokens > 0
+                  and r.version >= min_version
                   and own_version - r.version <= self.max_staleness
                   and self.history.get(pid, _PeerHistory()).retry_after <= now}
         if not others:
@@ -67,8 +71,8 @@ class PartnerChooser:
             weights[pid] = w
         return weights
 
-    def choose(self, members: dict[str, IslandRecord], own_version: int) -> IslandRecord | None:
-        weights = self.candidates(members, own_version)
+    def choose(self, members: dict[str, IslandRecord], own_version: int, min_version: int = 0) -> IslandRecord | None:
+        weights = self.candidates(members, own_version, min_version)
         if not weights:
             return None
         ids = sorted(weights)

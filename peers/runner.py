@@ -3,6 +3,8 @@
 `run_island` is what `p2p-diloco join` calls. One round:
 
 1. if no fetch is running, choose a partner and start fetching its snapshot in the background;
+   early in the round only a partner that has reached this island's version qualifies, so the
+   state mixed is one round old, as in the simulator, rather than two;
 2. up to H inner steps, stopping early when `round_seconds` is spent (a slow island does fewer
    steps, nobody waits for it); with `mix_at=arrival` (the default) the snapshot is mixed into
    the anchor and the running weights between the inner steps it arrives between;
@@ -74,7 +76,16 @@ class IslandConfig:
     """Rounds between held-out evaluations (also one at the end)."""
     eval_batches: int = 4
     join_timeout_s: float = 20.0
-    """How long a joiner tries to download the freshest member's state before starting on its own."""
+    """How long a joiner tries to download the freshest member's state before starting on its own,
+    and the longest it waits for `wait_for` islands."""
+    same_version_wait: float = 0.4
+    """For this share of the previous round's inner-step time, a round fetches only a partner that has
+    reached this island's version; then any partner. Islands run out of phase, so at a round's start
+    half the partners have not yet published this version, and a state one version older weighs
+    less and pulls the island back (BENCHMARKS.md, Swarm)."""
+    wait_for: int = 1
+    """Before its first round, wait until this many islands (this one included) are in the run: islands
+    launched together then start their rounds together instead of seconds apart."""
     name: str | None = None
     """Label for logs and the progress line (default: the peer id's prefix)."""
     quiet: bool = False
@@ -208,12 +219,26 @@ class IslandRunner:
                 log.info("could not download the state of %s: %s; trying another member", best.peer_id[:8], e)
         log.warning("no member's state could be downloaded; starting from the initial weights")
 
+    def _wait_for_islands(self) -> None:
+        """Hold the first round until `wait_for` islands are in the run, at most `join_timeout_s`."""
+        want, deadline = self.cfg.wait_for, time.monotonic() + self.cfg.join_timeout_s
+        while len(self.membership.members()) < want and not self.stop.signum:
+            if time.monotonic() >= deadline:
+                log.warning("%d of %d islands after %.0f s; starting anyway", len(self.membership.members()), want,
+                            self.cfg.join_timeout_s)
+                return
+            time.sleep(0.1)
+
     # -- rounds ----------------------------------------------------------------------------------
-    def _start_fetch(self) -> bool:
-        """Start fetching a partner's snapshot unless one is on its way; True if one is."""
+    def _start_fetch(self, same_version: bool = False) -> bool:
+        """Start fetching a partner's snapshot unless one is on its way; True if one is.
+
+        With `same_version`, only a partner that has reached this island's version qualifies.
+        """
         if self.gossip.busy:
             return True
-        partner = self.chooser.choose(self.membership.members(), self.island.state.version)
+        v = self.island.state.version
+        partner = self.chooser.choose(self.membership.members(), v, min_version=v if same_version else 0)
         return partner is not None and self.gossip.start(partner)
 
     def _take_partner(self) -> tuple[list[PartnerState], dict]:
@@ -275,15 +300,19 @@ class IslandRunner:
             self.group.share_anchor(isl.state.phi)
         self.publish()
         self.membership.announce(self.record())
+        self._wait_for_islands()
         self._t0 = time.monotonic()  # utilization counts from the first inner step
+        last_compute_s = 0.0
         while not self._done():
-            fetching = self._start_fetch()
             round_start = last_announce = next_try = time.monotonic()
+            fresh_until = round_start + self.cfg.same_version_wait * last_compute_s
+            fetching = self._start_fetch(same_version=True)
             isl.round_steps = 0
             arrived = None
             while isl.round_steps < H and not self.stop.signum:
                 if not fetching and time.monotonic() >= next_try:  # nobody to fetch yet: look again
-                    fetching, next_try = self._start_fetch(), time.monotonic() + RETRY_PARTNER_S
+                    fetching = self._start_fetch(same_version=time.monotonic() < fresh_until)
+                    next_try = time.monotonic() + RETRY_PARTNER_S
                 arrived = arrived or self._mix_if_arrived()
                 if self.group is not None:
                     self.group.command(STEP)
@@ -297,7 +326,7 @@ class IslandRunner:
                     last_announce = time.monotonic()
                 if self.diloco.round_seconds and time.monotonic() - round_start >= self.diloco.round_seconds:
                     break
-            compute_s = time.monotonic() - round_start
+            compute_s = last_compute_s = time.monotonic() - round_start
             self.inner_seconds += compute_s
             steps = isl.round_steps
             if steps == 0:

@@ -56,3 +56,12 @@ def test_loaded_stale_and_previous_partners_weigh_less():
     assert w["busy"] < w["idle"] and w["behind"] < w["idle"]
     picks = {c.choose({"a": rec("a"), "b": rec("b")}, 5).peer_id for _ in range(20)}
     assert picks == {"a", "b"}  # a random draw, halving the last partner: load spreads
+
+
+def test_min_version_keeps_only_members_that_reached_it():
+    members = {"me": rec("me", version=5), "same": rec("same", version=5), "ahead": rec("ahead", version=6),
+               "behind": rec("behind", version=4)}
+    c = chooser()
+    assert set(c.candidates(members, 5, min_version=5)) == {"same", "ahead"}
+    assert set(c.candidates(members, 5)) == {"same", "ahead", "behind"}
+    assert c.choose({"me": members["me"], "behind": members["behind"]}, 5, min_version=5) is None
