@@ -348,6 +348,8 @@ def network_options(f):
 @click.option("--max-rounds", type=int, default=None, help="Stop after this many rounds.")
 @click.option("--max-seconds", type=float, default=None, help="Stop after this many seconds of training.")
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --run-dir.")
+@click.option("--same-version-wait", type=click.FloatRange(0.0, 1.0), default=0.4, show_default=True,
+              help="Share of a round spent waiting for a partner at this island's version before taking any.")
 @click.option("--wait-for", type=click.IntRange(min=1), default=1, show_default=True,
               help="Before the first round, wait (up to 20 s) until this many islands, this one included, are in the run.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind the snapshot server and DHT node.")
@@ -392,7 +394,8 @@ def join(**kw) -> None:
                               port=kw["port"], max_tokens=kw["max_tokens"], max_rounds=kw["max_rounds"],
                               max_seconds=kw["max_seconds"], resume=kw["resume"], eval_every=kw["eval_every"],
                               checkpoint_every=kw["checkpoint_every"], name=kw["name"], quiet=kw["quiet"],
-                              slowdown=kw["slowdown"], wait_for=kw["wait_for"])
+                              slowdown=kw["slowdown"], wait_for=kw["wait_for"],
+                              same_version_wait=kw["same_version_wait"])
         code, summary = run_island(island, model, train, diloco, network, discovery, data)
     if as_json and summary:  # ranks other than 0 of a torchrun island have no summary
         click.echo(json.dumps(summary))
