@@ -306,13 +306,15 @@ class IslandRunner:
         while not self._done():
             round_start = last_announce = next_try = time.monotonic()
             fresh_until = round_start + self.cfg.same_version_wait * last_compute_s
-            fetching = self._start_fetch(same_version=True)
+            fetching = False
             isl.round_steps = 0
             arrived = None
             while isl.round_steps < H and not self.stop.signum:
-                if not fetching and time.monotonic() >= next_try:  # nobody to fetch yet: look again
-                    fetching = self._start_fetch(same_version=time.monotonic() < fresh_until)
-                    next_try = time.monotonic() + RETRY_PARTNER_S
+                if not fetching and (now := time.monotonic()) >= next_try:  # a partner to fetch (again)?
+                    same_version = now < fresh_until
+                    fetching = self._start_fetch(same_version)
+                    # look again soon, and at once when the wait for a partner at our version ends
+                    next_try = min(now + RETRY_PARTNER_S, fresh_until) if same_version else now + RETRY_PARTNER_S
                 arrived = arrived or self._mix_if_arrived()
                 if self.group is not None:
                     self.group.command(STEP)
