@@ -123,3 +123,17 @@ def test_killed_island_resumes_from_its_checkpoint_and_catches_up(procs, tmp_pat
     assert resumed[-1]["version"] >= swarm_version - 3, (resumed, swarm_version)  # caught up to within a few versions
     for o in others:
         o.signal(signal.SIGTERM)
+
+
+def test_islands_launched_together_wait_for_each_other(procs, tmp_path):
+    """`--wait-for 2`: the first island holds its first round until a second one is in the run."""
+    _, entry = start_bootstrap(procs, tmp_path)
+    first = IslandProc(procs, tmp_path, "first", entry, "-H", "10", "--max-rounds", "3", "--wait-for", "2")
+    first.peer_id  # it is up; give it time to reach the wait (a round here takes well under a second)
+    time.sleep(5)
+    assert first.rounds() == [], "the first island trained alone"
+    t_second = time.time()
+    second = IslandProc(procs, tmp_path, "second", entry, "-H", "10", "--max-rounds", "3", "--wait-for", "2")
+    for isl in (first, second):
+        assert isl.summary(120)["rounds"] == 3
+    assert first.rounds()[0]["time"] > t_second
