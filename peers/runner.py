@@ -192,9 +192,7 @@ class IslandRunner:
     def join(self) -> None:
         """Start from the freshest member's state if the run is already going."""
         deadline = time.monotonic() + self.cfg.join_timeout_s
-        settle = time.monotonic() + min(5.0, self.cfg.join_timeout_s)
-        while time.monotonic() < settle and len(self.membership.members()) < 2 and not self.stop.signum:
-            time.sleep(0.2)  # give discovery a moment to show who is already there
+        self._wait_for_members(2, min(5.0, self.cfg.join_timeout_s))  # give discovery a moment to show who is there
         tried: set[str] = set()
         while time.monotonic() < deadline and not self.stop.signum:
             others = {p: r for p, r in self.membership.members().items() if p != self.peer_id and p not in tried
@@ -219,15 +217,15 @@ class IslandRunner:
                 log.info("could not download the state of %s: %s; trying another member", best.peer_id[:8], e)
         log.warning("no member's state could be downloaded; starting from the initial weights")
 
-    def _wait_for_islands(self) -> None:
-        """Hold the first round until `wait_for` islands are in the run, at most `join_timeout_s`."""
-        want, deadline = self.cfg.wait_for, time.monotonic() + self.cfg.join_timeout_s
-        while len(self.membership.members()) < want and not self.stop.signum:
-            if time.monotonic() >= deadline:
-                log.warning("%d of %d islands after %.0f s; starting anyway", len(self.membership.members()), want,
-                            self.cfg.join_timeout_s)
-                return
+    def _wait_for_members(self, count: int, timeout: float) -> bool:
+        """Wait until discovery shows `count` islands, this one included (at most `timeout` s, or
+        until a signal); True if it did."""
+        deadline = time.monotonic() + timeout
+        while len(self.membership.members()) < count:
+            if self.stop.signum or time.monotonic() >= deadline:
+                return False
             time.sleep(0.1)
+        return True
 
     # -- rounds ----------------------------------------------------------------------------------
     def _start_fetch(self, same_version: bool = False) -> bool:
@@ -300,7 +298,8 @@ class IslandRunner:
             self.group.share_anchor(isl.state.phi)
         self.publish()
         self.membership.announce(self.record())
-        self._wait_for_islands()
+        if not self._wait_for_members(self.cfg.wait_for, self.cfg.join_timeout_s) and not self.stop.signum:
+            log.warning("fewer than %d islands after %.0f s; starting anyway", self.cfg.wait_for, self.cfg.join_timeout_s)
         self._t0 = time.monotonic()  # utilization counts from the first inner step
         last_compute_s = 0.0
         while not self._done():
