@@ -168,6 +168,9 @@ def user_errors():
               help="Codec applied to every exchanged state.")
 @click.option("--mix-delay", type=click.IntRange(0, 1), default=1, show_default=True,
               help="Rounds between a partner's state being published and mixed.")
+@click.option("--step-seconds", type=float, default=None,
+              help="Virtual seconds of one inner step (default: the tiny model's on the reference machine, "
+                   "BENCHMARKS.md); with the link it sets how far into a round a partner's state arrives.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--jobs", "-j", type=click.IntRange(1, 64), default=None,
               help="Methods run at once, each in its own process with one thread (default: the number of cores).")

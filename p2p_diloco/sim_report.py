@@ -18,10 +18,11 @@ def run_simulation(opts: dict, model: ModelConfig, train: TrainConfig, diloco: D
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    step = {} if opts["step_seconds"] is None else {"step_seconds": opts["step_seconds"]}
     sim = SimConfig(islands=opts["islands"], methods=tuple(opts["methods"]), tokens=opts["tokens"],
                     time_budget=opts["time_budget"], speeds=opts["speeds"], drop_prob=opts["drop_prob"],
                     latency_ms=opts["latency_ms"], bandwidth_mbps=opts["bandwidth_mbps"],
-                    compression=opts["compression"], mix_delay=opts["mix_delay"], seed=opts["seed"])
+                    compression=opts["compression"], mix_delay=opts["mix_delay"], seed=opts["seed"], **step)
     corpus = load_corpus(data)
     err = Console(file=sys.stderr)
     results, started = {}, time.monotonic()

@@ -57,8 +57,10 @@ class SimConfig:
     """Codec applied to every exchanged state and counted in the bytes."""
     mix_delay: int = 1
     """Rounds between a partner's state being published and being mixed (0 or 1)."""
-    step_seconds: float = 0.1
-    """Virtual seconds of one inner step on a speed-1 island."""
+    step_seconds: float = 0.32
+    """Virtual seconds of one inner step on a speed-1 island: the tiny model's step with 4 islands
+    sharing the 2-core reference machine, as `bench swarm` measured it. Against the link time it
+    decides how many inner steps of a round run before a partner's state arrives."""
     eval_batches: int = 16
     seed: int = 0
 
@@ -68,6 +70,7 @@ class SimConfig:
         _require(bool(self.methods) and set(self.methods) <= set(METHODS), s, "methods", f"a subset of {METHODS}", self.methods)
         _require(self.tokens >= 1, s, "tokens", ">= 1", self.tokens)
         _require(self.time_budget is None or self.time_budget > 0, s, "time_budget", "> 0", self.time_budget)
+        _require(self.step_seconds > 0, s, "step_seconds", "> 0", self.step_seconds)
         _require(self.speeds is None or (len(self.speeds) == self.islands and min(self.speeds) > 0), s, "speeds",
                  f"{self.islands} positive numbers", self.speeds)
         _require(0 <= self.drop_prob < 1, s, "drop_prob", "in [0, 1)", self.drop_prob)

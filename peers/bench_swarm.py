@@ -3,7 +3,9 @@
 K island processes (the demo's machinery) train an equal share of a token budget over an
 emulated WAN link; their final anchors are then evaluated on the simulator's held-out batches,
 and the simulator runs `gossip` and `dp` with the same model, data, H, codec, link and total
-tokens. Utilization comes from each island's `metrics.jsonl`: inner-step seconds over wall time.
+tokens, its virtual inner step as long as the islands' measured one (so a partner's state arrives
+as many steps into a round as it did for real). Utilization comes from each island's
+`metrics.jsonl`: inner-step seconds over wall time.
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ def utilization(run_dir: Path) -> float:
     return sum(r["inner_s"] for r in rows) / max(rows[-1]["wall_s"], 1e-9) if rows else 0.0
 
 
+def step_seconds(run_dirs: list[Path]) -> float:
+    """Mean seconds of one inner step over every island's rounds: the simulator's clock for the same run."""
+    rows = [r for d in run_dirs for r in read_metrics(d) if "round" in r]
+    return sum(r["inner_s"] for r in rows) / max(1, sum(r["steps"] for r in rows))
+
+
 def run_bench_swarm(islands: int = 4, tokens: int = 1_500_000, latency_ms: float = 100.0,
                     bandwidth_mbps: float | None = 1000.0, compression: str = "int8", local_steps: int = DiLoCoConfig.local_steps,
                     workdir: Path | None = None) -> dict:
@@ -39,8 +47,9 @@ def run_bench_swarm(islands: int = 4, tokens: int = 1_500_000, latency_ms: float
     workdir, names, summaries = run_swarm(cfg)
     swarm_s = time.monotonic() - started
     total = sum(s["tokens"] for s in summaries)
+    step_s = step_seconds([workdir / n for n in names])
     sim = SimConfig(islands=islands, methods=("gossip", "dp"), tokens=total, latency_ms=latency_ms,
-                    bandwidth_mbps=bandwidth_mbps or 1e6, compression=compression)
+                    bandwidth_mbps=bandwidth_mbps or 1e6, compression=compression, step_seconds=step_s)
     simulation = Simulation(sim, ModelConfig(), train, DiLoCoConfig(local_steps=local_steps), load_corpus())
     losses = [simulation.evaluate_vector(checkpoint.load(checkpoint.latest(workdir / n / "checkpoints")).tensors["phi"])
               for n in names]
@@ -48,7 +57,7 @@ def run_bench_swarm(islands: int = 4, tokens: int = 1_500_000, latency_ms: float
     swarm_loss = sum(losses) / len(losses)
     return {"islands": islands, "tokens": total, "tokens_per_island": [s["tokens"] for s in summaries],
             "latency_ms": latency_ms, "bandwidth_mbps": bandwidth_mbps, "compression": compression, "local_steps": local_steps,
-            "swarm_eval_loss": swarm_loss, "swarm_eval_loss_worst": max(losses), "per_island_eval_loss": losses,
+            "step_seconds": round(step_s, 4), "swarm_eval_loss": swarm_loss, "swarm_eval_loss_worst": max(losses), "per_island_eval_loss": losses,
             "utilization": [utilization(workdir / n) for n in names],
             "sim_gossip_eval_loss": gossip.eval_loss, "dp_eval_loss": dp.eval_loss,
             "ratio_to_dp": swarm_loss / dp.eval_loss, "ratio_to_sim_gossip": swarm_loss / gossip.eval_loss,

@@ -274,6 +274,7 @@ class IslandRunner:
         if partners:
             info["staleness"] = self.island.state.version - partners[0].version
             info["weight"], shift = self.island.mix_arrived(partners[0])
+            info["mixed_after_steps"] = self.island.round_steps
             if shift is not None and self.group is not None:
                 self.group.share_shift(shift)
         return info
@@ -336,6 +337,7 @@ class IslandRunner:
             weights = isl.end_round(partners)
             if partners:
                 info["weight"], info["staleness"] = weights[0], isl.state.version - 1 - partners[0].version
+                info["mixed_after_steps"] = steps
             elif arrived is not None:
                 info = arrived
             if self.group is not None:

@@ -51,8 +51,9 @@ def test_two_islands_fresh_symmetric_mixing_end_identical(corpus):
 
 
 def test_straggler_does_not_slow_gossip(corpus):
-    r = run(corpus, "gossip", speeds=(1, 1, 1, 0.1), time_budget=3.0)
-    ar = run(corpus, "allreduce", speeds=(1, 1, 1, 0.1), time_budget=3.0)
+    budget = 30 * SimConfig.step_seconds  # 30 steps of a speed-1 island: 3 of the slow one, not a whole round
+    r = run(corpus, "gossip", speeds=(1, 1, 1, 0.1), time_budget=budget)
+    ar = run(corpus, "allreduce", speeds=(1, 1, 1, 0.1), time_budget=budget)
     assert r.utilization > 0.95
     assert ar.utilization < 0.5
     assert r.tokens > 2 * ar.tokens
@@ -81,6 +82,16 @@ def test_cli_json_shape():
     keys = {"eval_loss", "eval_loss_worst", "eval_loss_consensus", "tokens", "bytes_sent_per_island", "virtual_seconds", "utilization"}
     assert set(out["methods"]["gossip"]) == keys
     assert out["config"]["sim"]["islands"] == 4
+    assert out["config"]["sim"]["step_seconds"] == SimConfig.step_seconds
+
+
+def test_step_seconds_sets_where_in_a_round_a_partner_state_arrives(corpus):
+    """A 0.2 s fetch lands after the first of 5 steps of 0.35 s, only at the round end with 0.05 s steps."""
+    slow, fast = run(corpus, "gossip", step_seconds=0.35), run(corpus, "gossip", step_seconds=0.05)
+    assert slow.eval_loss != fast.eval_loss
+    assert slow.virtual_seconds > fast.virtual_seconds
+    res = CliRunner().invoke(main, ["simulate", "--step-seconds", "0", "--tokens", "100"])
+    assert res.exit_code != 0 and "simulate.step_seconds" in res.output
 
 
 def test_cli_bad_value_is_a_readable_error():
