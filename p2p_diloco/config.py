@@ -102,8 +102,10 @@ class TrainConfig:
 class DiLoCoConfig:
     """The outer loop: rounds of H inner steps, gossip mixing, outer Nesterov step."""
 
-    local_steps: int = 25
-    """H: inner steps per round (`max_local_steps`; a slow island may do fewer within `round_seconds`)."""
+    local_steps: int = 15
+    """H: inner steps per round (`max_local_steps`; a slow island may do fewer within `round_seconds`).
+    15 is the best measured at the benchmark budget that still sends 59x fewer bytes than data
+    parallel (BENCHMARKS.md); the byte ratio falls with H (about 4H)."""
     round_seconds: float | None = None
     """Wall-clock budget of one round's inner steps; None means H steps whatever they take."""
     outer_lr: float = 0.7
