@@ -284,8 +284,10 @@ class Fetcher:
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._up = True
             elif kind & HANDSHAKE_FAILED:
+                # a peer closing the socket under a handshake reads like a refusal (NO_DETAIL, broken pipe)
+                gone = ", or the peer was shutting down" if kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL else ""
                 raise AuthRefused(f"{self.endpoint} refused the security handshake ({zmq.Event(kind).name}): "
-                                  "the swarm secret is missing or different on one side")
+                                  f"the swarm secret is missing or different on one side{gone}")
             elif kind == zmq.EVENT_DISCONNECTED:
                 was_up, self._up = self._up, False
                 if busy and was_up:
