@@ -459,9 +459,11 @@ def demo(islands, minutes, latency_ms, bandwidth_mbps, compare, workdir, as_json
 @click.option("--bandwidth-mbps", type=float, default=1000.0, show_default=True, help="Emulated link bandwidth.")
 @click.option("--compression", type=click.Choice(["fp32", "bf16", "fp16", "int8"]), default="int8", show_default=True)
 @click.option("--local-steps", "-H", type=int, default=DiLoCoConfig.local_steps, show_default=True, help="H (the join default).")
+@click.option("--runs", type=click.IntRange(1, 20), default=1, show_default=True,
+              help="Run the swarm this many times and report the mean loss (the simulations run once).")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the islands' files here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_steps, workdir, as_json) -> None:
+def bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_steps, runs, workdir, as_json) -> None:
     """Real islands on loopback over an emulated WAN, against the simulator and data parallel."""
     import json
     from pathlib import Path
@@ -469,9 +471,14 @@ def bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_
     from peers.bench_swarm import run_bench_swarm
 
     out = run_bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_steps,
-                          Path(workdir) if workdir else None)
+                          Path(workdir) if workdir else None, runs)
     if as_json:
         click.echo(json.dumps(out))
         return
     for k, v in out.items():
-        click.echo(f"{k:>24}: {v}")
+        if k != "per_run":
+            click.echo(f"{k:>24}: {v}")
+    for k, r in enumerate(out["per_run"]):
+        click.echo(f"{'run ' + str(k):>24}: eval loss {r['swarm_eval_loss']:.4f} (x{r['ratio_to_dp']:.4f} dp), islands "
+                   f"{', '.join(f'{x:.4f}' for x in r['per_island_eval_loss'])}, utilization "
+                   f"{min(r['utilization']):.3f}-{max(r['utilization']):.3f}, {r['bytes_moved']:,} bytes, {r['workdir']}")

@@ -4,8 +4,9 @@ K island processes (the demo's machinery) train an equal share of a token budget
 emulated WAN link; their final anchors are then evaluated on the simulator's held-out batches,
 and the simulator runs `gossip` and `dp` with the same model, data, H, codec, link and total
 tokens, its virtual inner step as long as the islands' measured one (so a partner's state arrives
-as many steps into a round as it did for real). Utilization comes from each island's
-`metrics.jsonl`: inner-step seconds over wall time.
+as many steps into a round as it did for real). With `runs` > 1 the swarm runs that many times
+and its loss is the mean: runs of unchanged code spread over about 2%. Utilization comes from each
+island's `metrics.jsonl`: inner-step seconds over wall time.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ def step_seconds(run_dirs: list[Path]) -> float:
 
 def run_bench_swarm(islands: int = 4, tokens: int = 1_500_000, latency_ms: float = 100.0,
                     bandwidth_mbps: float | None = 1000.0, compression: str = "int8", local_steps: int = DiLoCoConfig.local_steps,
-                    workdir: Path | None = None) -> dict:
+                    workdir: Path | None = None, runs: int = 1) -> dict:
+    """Run the swarm `runs` times (runs of the same code differ by which partner each island draws
+    and when each state lands), then the two simulations once; losses are means over the runs."""
     from p2p_diloco.config import ModelConfig, TrainConfig
     from p2p_diloco.data import load_corpus
     from p2p_diloco.simulator import SimConfig, Simulation
@@ -41,24 +44,36 @@ def run_bench_swarm(islands: int = 4, tokens: int = 1_500_000, latency_ms: float
     train = TrainConfig()
     round_tokens = local_steps * train.batch_size * ModelConfig().resolved()["block_size"]
     per_island = max(1, tokens // islands // round_tokens) * round_tokens  # whole rounds: equal tokens everywhere
-    cfg = DemoConfig(islands=islands, max_tokens=per_island, latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps,
-                     local_steps=local_steps, compression=compression, run_id="bench", workdir=workdir)
-    started = time.monotonic()
-    workdir, names, summaries = run_swarm(cfg)
-    swarm_s = time.monotonic() - started
-    total = sum(s["tokens"] for s in summaries)
-    step_s = step_seconds([workdir / n for n in names])
+    swarms = []
+    for k in range(runs):
+        where = workdir / f"run-{k}" if workdir is not None and runs > 1 else workdir
+        cfg = DemoConfig(islands=islands, max_tokens=per_island, latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps,
+                         local_steps=local_steps, compression=compression, run_id="bench", workdir=where)
+        started = time.monotonic()
+        run_dir, names, summaries = run_swarm(cfg)
+        swarms.append((run_dir, names, summaries, time.monotonic() - started))
+    total = sum(s["tokens"] for s in swarms[0][2])
+    step_s = step_seconds([d / n for d, names, _, _ in swarms for n in names])
     sim = SimConfig(islands=islands, methods=("gossip", "dp"), tokens=total, latency_ms=latency_ms,
                     bandwidth_mbps=bandwidth_mbps or 1e6, compression=compression, step_seconds=step_s)
     simulation = Simulation(sim, ModelConfig(), train, DiLoCoConfig(local_steps=local_steps), load_corpus())
-    losses = [simulation.evaluate_vector(checkpoint.load(checkpoint.latest(workdir / n / "checkpoints")).tensors["phi"])
-              for n in names]
     gossip, dp = simulation.run("gossip"), simulation.run("dp")
-    swarm_loss = sum(losses) / len(losses)
-    return {"islands": islands, "tokens": total, "tokens_per_island": [s["tokens"] for s in summaries],
-            "latency_ms": latency_ms, "bandwidth_mbps": bandwidth_mbps, "compression": compression, "local_steps": local_steps,
-            "step_seconds": round(step_s, 4), "swarm_eval_loss": swarm_loss, "swarm_eval_loss_worst": max(losses), "per_island_eval_loss": losses,
-            "utilization": [utilization(workdir / n) for n in names],
-            "sim_gossip_eval_loss": gossip.eval_loss, "dp_eval_loss": dp.eval_loss,
+    per_run = []
+    for run_dir, names, summaries, wall_s in swarms:
+        losses = [simulation.evaluate_vector(checkpoint.load(checkpoint.latest(run_dir / n / "checkpoints")).tensors["phi"])
+                  for n in names]
+        mean = sum(losses) / len(losses)
+        per_run.append({"swarm_eval_loss": mean, "ratio_to_dp": mean / dp.eval_loss,
+                        "ratio_to_sim_gossip": mean / gossip.eval_loss, "per_island_eval_loss": losses,
+                        "tokens_per_island": [s["tokens"] for s in summaries],
+                        "utilization": [utilization(run_dir / n) for n in names],
+                        "step_seconds": round(step_seconds([run_dir / n for n in names]), 4),
+                        "bytes_moved": sum(s["bytes_in"] for s in summaries), "swarm_wall_s": round(wall_s, 1),
+                        "workdir": str(run_dir)})
+    swarm_loss = sum(r["swarm_eval_loss"] for r in per_run) / runs
+    return {"islands": islands, "tokens": total, "latency_ms": latency_ms, "bandwidth_mbps": bandwidth_mbps,
+            "compression": compression, "local_steps": local_steps, "runs": runs, "step_seconds": round(step_s, 4),
+            "swarm_eval_loss": swarm_loss, "sim_gossip_eval_loss": gossip.eval_loss, "dp_eval_loss": dp.eval_loss,
             "ratio_to_dp": swarm_loss / dp.eval_loss, "ratio_to_sim_gossip": swarm_loss / gossip.eval_loss,
-            "bytes_moved": sum(s["bytes_in"] for s in summaries), "swarm_wall_s": round(swarm_s, 1), "workdir": str(workdir)}
+            "ratio_to_dp_runs": [r["ratio_to_dp"] for r in per_run],
+            "utilization_min": min(u for r in per_run for u in r["utilization"]), "per_run": per_run}
