@@ -59,8 +59,9 @@ class SimConfig:
     """Rounds between a partner's state being published and being mixed (0 or 1)."""
     step_seconds: float = 0.32
     """Virtual seconds of one inner step on a speed-1 island: the tiny model's step with 4 islands
-    sharing the 2-core reference machine, as `bench swarm` measured it. Against the link time it
-    decides how many inner steps of a round run before a partner's state arrives."""
+    sharing the 2-core reference machine, as `bench swarm` measured it there when idle (0.31-0.33 s).
+    Against the link time it decides how many inner steps of a round run before a partner's state
+    arrives."""
     eval_batches: int = 16
     seed: int = 0
 

@@ -53,7 +53,7 @@ def run_bench_swarm(islands: int = 4, tokens: int = 1_500_000, latency_ms: float
         run_dir, names, summaries = run_swarm(cfg)
         swarms.append((run_dir, names, summaries, time.monotonic() - started))
     total = sum(s["tokens"] for s in swarms[0][2])
-    step_s = step_seconds([d / n for d, names, _, _ in swarms for n in names])
+    step_s = step_seconds([run_dir / n for run_dir, names, _, _ in swarms for n in names])
     sim = SimConfig(islands=islands, methods=("gossip", "dp"), tokens=total, latency_ms=latency_ms,
                     bandwidth_mbps=bandwidth_mbps or 1e6, compression=compression, step_seconds=step_s)
     simulation = Simulation(sim, ModelConfig(), train, DiLoCoConfig(local_steps=local_steps), load_corpus())
