@@ -14,8 +14,11 @@ island. A candidate's weight multiplies:
   consecutive failure (2 s .. 60 s);
 - variety: the partner of the previous round counts half.
 
-The caller may also ask only for members that have reached a version (`min_version`): the runner
-does so early in each round, see `IslandConfig.same_version_wait`.
+The caller may also ask only for members that have reached a version (`min_version`) and that
+were not among its last two partners (`fresh_partner=True`, while other live members remain): the
+runner does both early in each round, see `IslandConfig.same_version_wait`. Without the second, the
+island that runs ahead fetched whichever member published its version first, the same one round
+after round, and pairs of islands locked onto each other (BENCHMARKS.md, Swarm).
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from p2p_diloco.membership import IslandRecord
 
 MIN_BACKOFF_S, MAX_BACKOFF_S = 2.0, 60.0
+RECENT_PARTNERS = 2
 
 
 @dataclass
@@ -44,13 +49,25 @@ class PartnerChooser:
     rng: random.Random = field(default_factory=random.Random)
     clock: callable = time.monotonic
     history: dict[str, _PeerHistory] = field(default_factory=dict)
-    last: str | None = None
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_PARTNERS))
+    """The last partners picked, newest last."""
 
-    def candidates(self, members: dict[str, IslandRecord], own_version: int, min_version: int = 0) -> dict[str, float]:
+    @property
+    def last(self) -> str | None:
+        return self.recent[-1] if self.recent else None
+
+    def candidates(self, members: dict[str, IslandRecord], own_version: int, min_version: int = 0,
+                   fresh_partner: bool = False) -> dict[str, float]:
         """Weights of the members we could fetch from now (empty when there are none)."""
         now = self.clock()
+        avoid: set[str] = set()
+        if fresh_partner:  # skip recent partners, as many as leaves at least one other live member
+            live = {pid for pid, r in members.items() if pid != self.self_id and r.state == "training"}
+            for pid in reversed(self.recent):
+                if pid in live and len(live - avoid) > 1:
+                    avoid.add(pid)
         others = {pid: r for pid, r in members.items()
-                  if pid != self.self_id and r.state in ("training", "syncing") and r.tokens > 0
+                  if pid != self.self_id and pid not in avoid and r.state in ("training", "syncing") and r.tokens > 0
                   and r.version >= min_version
                   and own_version - r.version <= self.max_staleness
                   and self.history.get(pid, _PeerHistory()).retry_after <= now}
@@ -71,13 +88,14 @@ class PartnerChooser:
             weights[pid] = w
         return weights
 
-    def choose(self, members: dict[str, IslandRecord], own_version: int, min_version: int = 0) -> IslandRecord | None:
-        weights = self.candidates(members, own_version, min_version)
+    def choose(self, members: dict[str, IslandRecord], own_version: int, min_version: int = 0,
+               fresh_partner: bool = False) -> IslandRecord | None:
+        weights = self.candidates(members, own_version, min_version, fresh_partner)
         if not weights:
             return None
         ids = sorted(weights)
         pick = self.rng.choices(ids, weights=[weights[i] for i in ids])[0]
-        self.last = pick
+        self.recent.append(pick)
         return members[pick]
 
     def succeeded(self, peer_id: str, nbytes: int, seconds: float) -> None:
