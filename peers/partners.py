@@ -15,7 +15,7 @@ island. A candidate's weight multiplies:
 - variety: the partner of the previous round counts half.
 
 The caller may also ask only for members that have reached a version (`min_version`) and that
-were not among its last two partners (`fresh_partner=True`, while other live members remain): the
+were not among its last two partners (`skip_recent=True`, while other live members remain): the
 runner does both early in each round, see `IslandConfig.same_version_wait`. Without the second, the
 island that runs ahead fetched whichever member published its version first, the same one round
 after round, and pairs of islands locked onto each other (BENCHMARKS.md, Swarm).
@@ -57,11 +57,11 @@ class PartnerChooser:
         return self.recent[-1] if self.recent else None
 
     def candidates(self, members: dict[str, IslandRecord], own_version: int, min_version: int = 0,
-                   fresh_partner: bool = False) -> dict[str, float]:
+                   skip_recent: bool = False) -> dict[str, float]:
         """Weights of the members we could fetch from now (empty when there are none)."""
         now = self.clock()
         avoid: set[str] = set()
-        if fresh_partner:  # skip recent partners, as many as leaves at least one other live member
+        if skip_recent:  # skip recent partners, as many as leaves at least one other live member
             live = {pid for pid, r in members.items() if pid != self.self_id and r.state == "training"}
             for pid in reversed(self.recent):
                 if pid in live and len(live - avoid) > 1:
@@ -89,8 +89,8 @@ class PartnerChooser:
         return weights
 
     def choose(self, members: dict[str, IslandRecord], own_version: int, min_version: int = 0,
-               fresh_partner: bool = False) -> IslandRecord | None:
-        weights = self.candidates(members, own_version, min_version, fresh_partner)
+               skip_recent: bool = False) -> IslandRecord | None:
+        weights = self.candidates(members, own_version, min_version, skip_recent)
         if not weights:
             return None
         ids = sorted(weights)

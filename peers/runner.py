@@ -80,9 +80,10 @@ class IslandConfig:
     and the longest it waits for `wait_for` islands."""
     same_version_wait: float = 0.4
     """For this share of the previous round's inner-step time, a round fetches only a partner that has
-    reached this island's version and was not one of its last two partners; then any partner. Islands run out of phase, so at a round's start
-    half the partners have not yet published this version, and a state one version older weighs
-    less and pulls the island back (BENCHMARKS.md, Swarm)."""
+    reached this island's version and was not one of its last two partners; then any partner.
+    Islands run out of phase, so at a round's start half the partners have not yet published this
+    version, and a state one version older weighs less and pulls the island back; the first to
+    publish it would be the same partner every round (BENCHMARKS.md, Swarm)."""
     wait_for: int = 1
     """Before its first round, wait until this many islands (this one included) are in the run: islands
     launched together then start their rounds together instead of seconds apart."""
@@ -232,13 +233,13 @@ class IslandRunner:
         """Start fetching a partner's snapshot unless one is on its way; True if one is.
 
         With `same_version`, only a partner that has reached this island's version and was not one
-        of its last partners qualifies.
+        of its last two partners qualifies.
         """
         if self.gossip.busy:
             return True
         v = self.island.state.version
         partner = self.chooser.choose(self.membership.members(), v, min_version=v if same_version else 0,
-                                      fresh_partner=same_version)
+                                      skip_recent=same_version)
         return partner is not None and self.gossip.start(partner)
 
     def _take_partner(self) -> tuple[list[PartnerState], dict]:

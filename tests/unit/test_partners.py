@@ -70,12 +70,12 @@ def test_min_version_keeps_only_members_that_reached_it():
 def test_early_in_a_round_the_last_two_partners_are_skipped_while_others_live():
     members = {pid: rec(pid) for pid in ("me", "a", "b", "c")}
     c = chooser()
-    picks = [c.choose(members, 5, min_version=5, fresh_partner=True).peer_id for _ in range(9)]
+    picks = [c.choose(members, 5, min_version=5, skip_recent=True).peer_id for _ in range(9)]
     assert all(len(set(picks[k:k + 3])) == 3 for k in range(7)), picks  # every other island in turn
     c.recent.extend(["a", "b"])
     members["c"] = rec("c", version=4)  # c has not published our version yet, a and b were the last two
-    assert c.choose(members, 5, min_version=5, fresh_partner=True) is None
+    assert c.choose(members, 5, min_version=5, skip_recent=True) is None
     assert c.choose(members, 5, min_version=0).peer_id in {"a", "b", "c"}  # later in the round: anyone
     alone = chooser()
     pair = {"me": rec("me"), "a": rec("a")}
-    assert [alone.choose(pair, 5, min_version=5, fresh_partner=True).peer_id for _ in range(3)] == ["a"] * 3
+    assert [alone.choose(pair, 5, min_version=5, skip_recent=True).peer_id for _ in range(3)] == ["a"] * 3
