@@ -352,7 +352,8 @@ def network_options(f):
 @click.option("--max-seconds", type=float, default=None, help="Stop after this many seconds of training.")
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --run-dir.")
 @click.option("--same-version-wait", type=click.FloatRange(0.0, 1.0), default=0.4, show_default=True,
-              help="Share of a round spent waiting for a partner at this island's version before taking any.")
+              help="Share of a round spent waiting for a partner at this island's version (not one of its "
+                   "last two partners) before taking any.")
 @click.option("--wait-for", type=click.IntRange(min=1), default=1, show_default=True,
               help="Before the first round, wait (up to 20 s) until this many islands, this one included, are in the run.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind the snapshot server and DHT node.")

@@ -3,8 +3,9 @@
 `run_island` is what `p2p-diloco join` calls. One round:
 
 1. if no fetch is running, choose a partner and start fetching its snapshot in the background;
-   early in the round only a partner that has reached this island's version qualifies, so the
-   state mixed is one round old, as in the simulator, rather than two;
+   early in the round only a partner that has reached this island's version, and is not one of
+   its last two partners, qualifies, so the state mixed is one round old, as in the simulator,
+   rather than two, and the load spreads;
 2. up to H inner steps, stopping early when `round_seconds` is spent (a slow island does fewer
    steps, nobody waits for it); with `mix_at=arrival` (the default) the snapshot is mixed into
    the anchor and the running weights between the inner steps it arrives between;
