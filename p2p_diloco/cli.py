@@ -354,6 +354,9 @@ def network_options(f):
 @click.option("--same-version-wait", type=click.FloatRange(0.0, 1.0), default=0.4, show_default=True,
               help="Share of a round spent waiting for a partner at this island's version (not one of its "
                    "last two partners) before taking any.")
+@click.option("--max-stretch", type=click.FloatRange(0.0, 1.0), default=0.5, show_default=True,
+              help="An island ahead of most others trains on past H, by up to this share of H, until its "
+                   "rounds end with theirs (0: off).")
 @click.option("--wait-for", type=click.IntRange(min=1), default=1, show_default=True,
               help="Before the first round, wait (up to 20 s) until this many islands, this one included, are in the run.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind the snapshot server and DHT node.")
@@ -399,7 +402,7 @@ def join(**kw) -> None:
                               max_seconds=kw["max_seconds"], resume=kw["resume"], eval_every=kw["eval_every"],
                               checkpoint_every=kw["checkpoint_every"], name=kw["name"], quiet=kw["quiet"],
                               slowdown=kw["slowdown"], wait_for=kw["wait_for"],
-                              same_version_wait=kw["same_version_wait"])
+                              same_version_wait=kw["same_version_wait"], max_stretch=kw["max_stretch"])
         code, summary = run_island(island, model, train, diloco, network, discovery, data)
     if as_json and summary:  # ranks other than 0 of a torchrun island have no summary
         click.echo(json.dumps(summary))

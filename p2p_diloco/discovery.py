@@ -86,6 +86,7 @@ class IslandRecordSchema(pydantic.BaseModel):
     bytes_received: _Count
     last_partner: Optional[_PeerId] = ...
     started_at: _Rate
+    published_at: _Rate
     timestamp: _Rate
 
     class Config:

@@ -42,7 +42,7 @@ FINGERPRINT_CHARS = 20
 """Hex digits of sha256 kept in a peer id (80 bits)."""
 
 _INT_FIELDS = ("version", "tokens", "bytes_sent", "bytes_received")
-_FLOAT_FIELDS = ("tokens_per_s", "upload_bps", "download_bps", "started_at", "timestamp")
+_FLOAT_FIELDS = ("tokens_per_s", "upload_bps", "download_bps", "started_at", "published_at", "timestamp")
 _OPTIONAL_FLOAT_FIELDS = ("loss", "eval_loss")
 
 
@@ -87,6 +87,9 @@ class IslandRecord:
     """Peer id of the island last mixed with."""
     started_at: float = 0.0
     """Unix time the island started."""
+    published_at: float = 0.0
+    """Unix time the island published its current state (0 before its first round ended): a
+    round ends with a publish, so this is the phase of its rounds (`peers.pacing`)."""
     timestamp: float = 0.0
     """Unix time this record was made."""
 

@@ -7,8 +7,9 @@
    its last two partners, qualifies, so the state mixed is one round old, as in the simulator,
    rather than two, and the load spreads;
 2. up to H inner steps, stopping early when `round_seconds` is spent (a slow island does fewer
-   steps, nobody waits for it); with `mix_at=arrival` (the default) the snapshot is mixed into
-   the anchor and the running weights between the inner steps it arrives between;
+   steps, nobody waits for it), and a few more while most other islands are behind in their
+   rounds (`peers.pacing`); with `mix_at=arrival` (the default) the snapshot is mixed into the
+   anchor and the running weights between the inner steps it arrives between;
 3. take the snapshot if it arrived after the last inner step (else mix nothing this round), take
    the outer step (`Island.end_round`), publish the new state, announce the record, log metrics.
 
@@ -43,6 +44,7 @@ from peers import checkpoint
 from peers.distributed import STEP, STOP, IntraIsland, follow
 from peers.gossip import GossipWorker
 from peers.metrics import LinkRates, MetricsLog, progress_line
+from peers.pacing import catch_up_seconds
 from peers.partners import PartnerChooser
 
 log = logging.getLogger(__name__)
@@ -85,6 +87,10 @@ class IslandConfig:
     Islands run out of phase, so at a round's start half the partners have not yet published this
     version, and a state one version older weighs less and pulls the island back; the first to
     publish it would be the same partner every round (BENCHMARKS.md, Swarm)."""
+    max_stretch: float = 0.5
+    """An island that runs ahead of most others trains on past its H steps, by up to this share of
+    H, until its round ends with theirs (`peers.pacing`); it never idles, and a round never passes
+    `round_seconds` or the token budget. 0 turns it off."""
     wait_for: int = 1
     """Before its first round, wait until this many islands (this one included) are in the run: islands
     launched together then start their rounds together instead of seconds apart."""
@@ -159,6 +165,7 @@ class IslandRunner:
         self.initial_loss: float | None = None
         self.eval_loss: float | None = None
         self.last_partner: str | None = None
+        self.published_at = 0.0
         self.state = "joining"
         self.link_rates = LinkRates()
 
@@ -172,7 +179,7 @@ class IslandRunner:
                             tokens_per_s=tokens_per_s, loss=self.island.last_loss, eval_loss=self.eval_loss,
                             state=self.state, upload_bps=up, download_bps=down, bytes_sent=sent,
                             bytes_received=self.bytes_in, last_partner=self.last_partner,
-                            started_at=self.started_at, timestamp=time.time())
+                            started_at=self.started_at, published_at=self.published_at, timestamp=time.time())
 
     def publish(self) -> None:
         s = self.island.state
@@ -182,6 +189,7 @@ class IslandRunner:
         if self.diloco.mix_pseudo_gradient:
             tensors["delta"] = s.delta
         self.server.publish(tensors, s.version, s.tokens, meta={"peer_id": self.peer_id})
+        self.published_at = time.time()
 
     # -- start: resume, or join from the freshest member -------------------------------------------
     def resume(self) -> None:
@@ -283,6 +291,15 @@ class IslandRunner:
                 self.group.share_shift(shift)
         return info
 
+    def _round_limit(self) -> int:
+        """Most inner steps this round may take: H and its stretch, within the token budget."""
+        H = self.diloco.local_steps
+        limit = H + int(self.cfg.max_stretch * H)
+        if self.cfg.max_tokens is not None:
+            per_step = self.island.tokens_per_step
+            limit = min(limit, -(-(self.cfg.max_tokens - self._own_tokens) // per_step))
+        return max(1, limit)
+
     def utilization(self) -> float:
         """Share of wall time since the first inner step spent in inner steps."""
         return 0.0 if self._t0 is None else self.inner_seconds / max(time.monotonic() - self._t0, 1e-6)
@@ -313,7 +330,14 @@ class IslandRunner:
             fetching = False
             isl.round_steps = 0
             arrived = None
-            while isl.round_steps < H and not self.stop.signum:
+            limit, stretch_until = self._round_limit(), None
+            while isl.round_steps < limit and not self.stop.signum:
+                if isl.round_steps >= H:  # train on while most of the others are behind (`max_stretch`)
+                    if stretch_until is None:
+                        stretch_until = time.monotonic() + catch_up_seconds(
+                            self.membership.members(), self.peer_id, self.published_at, time.time())
+                    if time.monotonic() >= stretch_until:
+                        break
                 if not fetching and (now := time.monotonic()) >= next_try:  # a partner to fetch (again)?
                     same_version = now < fresh_until
                     fetching = self._start_fetch(same_version)

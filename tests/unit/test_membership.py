@@ -34,7 +34,7 @@ def test_record_round_trips_through_dict_json_and_msgpack():
     assert IslandRecord.from_dict(msgpack.unpackb(msgpack.packb(r.to_dict()))) == r
     assert set(r.to_dict()) == {"peer_id", "endpoint", "version", "tokens", "tokens_per_s", "loss", "eval_loss", "state",
                                 "upload_bps", "download_bps", "bytes_sent", "bytes_received", "last_partner",
-                                "started_at", "timestamp"}
+                                "started_at", "published_at", "timestamp"}
 
 
 def test_integer_rates_become_floats_so_the_strict_dht_schema_accepts_them():
@@ -49,7 +49,7 @@ def test_integer_rates_become_floats_so_the_strict_dht_schema_accepts_them():
     ("version", -1), ("version", 2**62 + 1), ("version", True), ("version", 1.0), ("tokens", "5"),
     ("tokens_per_s", math.nan), ("tokens_per_s", math.inf), ("tokens_per_s", -1.0), ("loss", math.nan),
     ("eval_loss", -math.inf), ("loss", "2.5"), ("state", "sleeping"), ("last_partner", "bad id!"),
-    ("timestamp", -5.0), ("started_at", None), ("bytes_sent", 2**64),
+    ("timestamp", -5.0), ("started_at", None), ("published_at", -1.0), ("bytes_sent", 2**64),
 ])
 def test_record_rejects_bad_fields_by_name(field, value):
     with pytest.raises(DiscoveryError, match=field):
