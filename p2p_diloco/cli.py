@@ -352,8 +352,8 @@ def network_options(f):
 @click.option("--max-seconds", type=float, default=None, help="Stop after this many seconds of training.")
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --run-dir.")
 @click.option("--same-version-wait", type=click.FloatRange(0.0, 1.0), default=0.4, show_default=True,
-              help="Share of a round spent waiting for a partner at this island's version (not one of its "
-                   "last two partners) before taking any.")
+              help="Share of a round spent waiting for a partner (not one of the last two) to publish this "
+                   "island's version before taking what it has.")
 @click.option("--max-stretch", type=click.FloatRange(0.0, 1.0), default=0.5, show_default=True,
               help="An island ahead of most others trains on past H, by up to this share of H, until its "
                    "rounds end with theirs (0: off).")

@@ -1,8 +1,9 @@
 """The background gossip worker: fetches a partner's snapshot while the island trains.
 
 Like hivemind's DHT, a synchronous facade over a background thread: the training loop calls
-`start(record)` at the start of a round and `take()` between inner steps or at the round's end,
-and never waits on the network. A fetch that has not finished by the end of the round keeps
+`start(record)` at the start of a round (optionally asking the worker to wait until the partner
+publishes a given version) and `take()` between inner steps or at the round's end, and never
+waits on the network. A fetch that has not finished by the end of the round keeps
 going and is taken in a later round (the staleness weight then counts it less); a fetch that
 fails costs only that exchange.
 Nothing partial is ever handed over: the transport returns a whole, checked snapshot or raises.
@@ -20,6 +21,8 @@ from p2p_diloco.errors import TransportError
 from p2p_diloco.membership import IslandRecord
 
 log = logging.getLogger(__name__)
+VERSION_POLL_S = 0.05
+"""Pause between two manifest requests while waiting for a partner to publish a version (each is one round trip)."""
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,10 @@ class FetchResult:
     snapshot: object | None  # p2p_diloco.fetcher.Snapshot when ok
     error: str | None
     seconds: float
+    """How long the transfer took (or the attempt, when it failed)."""
     nbytes: int
+    waited_s: float = 0.0
+    """How long the worker waited for the partner to publish the version asked for, before the transfer."""
 
 
 class GossipWorker:
@@ -43,22 +49,33 @@ class GossipWorker:
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def start(self, partner: IslandRecord) -> bool:
-        """Begin fetching `partner`'s snapshot in the background; False if a fetch is still running."""
+    def start(self, partner: IslandRecord, min_version: int = 0, wait_until: float = 0.0) -> bool:
+        """Begin fetching `partner`'s snapshot in the background; False if a fetch is still running.
+
+        With `min_version`, first ask the partner for its manifest until it has published that
+        version or `time.monotonic()` passes `wait_until`, then fetch whatever it has: asking the
+        partner itself learns of its publish a round trip after it happens, discovery a second or
+        two later.
+        """
         if self.busy or self._closed:
             return False
-        self._thread = threading.Thread(target=self._fetch, args=(partner,), name=f"gossip-{partner.peer_id[:8]}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._fetch, args=(partner, min_version, wait_until),
+                                        name=f"gossip-{partner.peer_id[:8]}", daemon=True)
         self._thread.start()
         return True
 
-    def _fetch(self, partner: IslandRecord) -> None:
-        from p2p_diloco.fetcher import fetch
+    def _fetch(self, partner: IslandRecord, min_version: int, wait_until: float) -> None:
+        from p2p_diloco.fetcher import Fetcher
 
         started = time.monotonic()
         try:
-            snap = fetch(partner.endpoint, self.network, timeout=self.timeout_s)
-            result = FetchResult(partner.peer_id, snap, None, time.monotonic() - started, snap.nbytes)
+            with Fetcher(partner.endpoint, self.network) as fetcher:
+                while (partner.version < min_version and time.monotonic() < wait_until and not self._closed
+                       and fetcher.manifest(self.timeout_s).version < min_version):
+                    time.sleep(VERSION_POLL_S)
+                snap = fetcher.fetch(self.timeout_s)
+            result = FetchResult(partner.peer_id, snap, None, snap.seconds, snap.nbytes,
+                                 waited_s=time.monotonic() - started - snap.seconds)
         except TransportError as e:
             log.info("exchange with %s at %s failed: %s", partner.peer_id[:8], partner.endpoint, e)
             result = FetchResult(partner.peer_id, None, f"{type(e).__name__}: {e}", time.monotonic() - started, 0)

@@ -17,8 +17,8 @@ island. A candidate's weight multiplies:
 The caller may also ask only for members that have reached a version (`min_version`) and that
 were not among its last two partners (`skip_recent=True`, while other live members remain): the
 runner does both early in each round, see `IslandConfig.same_version_wait`. Without the second, the
-island that runs ahead fetched whichever member published its version first, the same one round
-after round, and pairs of islands locked onto each other (BENCHMARKS.md, Swarm).
+island that runs ahead fetched whichever member published first, the same one round after round,
+and pairs of islands locked onto each other (BENCHMARKS.md, Swarm).
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 `run_island` is what `p2p-diloco join` calls. One round:
 
 1. if no fetch is running, choose a partner and start fetching its snapshot in the background;
-   early in the round only a partner that has reached this island's version, and is not one of
-   its last two partners, qualifies, so the state mixed is one round old, as in the simulator,
-   rather than two, and the load spreads;
+   early in the round only a partner that is not one of the last two and has reached this
+   island's version, or is about to (one version behind), qualifies, and the fetch waits for it
+   to publish this version: the state mixed is then one round old, as in the simulator, rather
+   than two, and the load spreads;
 2. up to H inner steps, stopping early when `round_seconds` is spent (a slow island does fewer
    steps, nobody waits for it), and a few more while most other islands are behind in their
    rounds (`peers.pacing`); with `mix_at=arrival` (the default) the snapshot is mixed into the
@@ -82,11 +83,14 @@ class IslandConfig:
     """How long a joiner tries to download the freshest member's state before starting on its own,
     and the longest it waits for `wait_for` islands."""
     same_version_wait: float = 0.4
-    """For this share of the previous round's inner-step time, a round fetches only a partner that has
-    reached this island's version and was not one of its last two partners; then any partner.
-    Islands run out of phase, so at a round's start half the partners have not yet published this
-    version, and a state one version older weighs less and pulls the island back; the first to
-    publish it would be the same partner every round (BENCHMARKS.md, Swarm)."""
+    """For this share of the previous round's inner-step time, a round fetches only from a partner
+    that was not one of its last two and has reached this island's version or is one behind, and
+    the fetch waits (asking the partner, a round trip at a time) until it publishes this version;
+    when the wait ends it takes what the partner has, and a round that found no such partner by
+    then takes any. Islands are never exactly in phase, so at a round's start some partners have
+    not yet published this version, and a state one version older weighs less and pulls the
+    island back; the first to publish it would be the same partner every round, and discovery
+    shows a publish a second or two late (BENCHMARKS.md, Swarm)."""
     max_stretch: float = 0.5
     """An island that runs ahead of most others trains on past its H steps, by up to this share of
     H, until its round ends with theirs (`peers.pacing`); it never idles, and a round never passes
@@ -238,24 +242,29 @@ class IslandRunner:
         return True
 
     # -- rounds ----------------------------------------------------------------------------------
-    def _start_fetch(self, same_version: bool = False) -> bool:
+    def _start_fetch(self, fresh_until: float | None = None) -> bool:
         """Start fetching a partner's snapshot unless one is on its way; True if one is.
 
-        With `same_version`, only a partner that has reached this island's version and was not one
-        of its last two partners qualifies.
+        Until `fresh_until` (monotonic), only a partner at this island's version, or one version
+        behind and so about to publish it, that was not one of the last two partners qualifies;
+        the fetch then waits for it to publish this version, until `fresh_until`.
         """
         if self.gossip.busy:
             return True
         v = self.island.state.version
-        partner = self.chooser.choose(self.membership.members(), v, min_version=v if same_version else 0,
-                                      skip_recent=same_version)
-        return partner is not None and self.gossip.start(partner)
+        members = self.membership.members()
+        if fresh_until is None:
+            partner = self.chooser.choose(members, v)
+            return partner is not None and self.gossip.start(partner)
+        partner = self.chooser.choose(members, v, min_version=v - 1, skip_recent=True)
+        return partner is not None and self.gossip.start(partner, min_version=v, wait_until=fresh_until)
 
     def _take_partner(self) -> tuple[list[PartnerState], dict]:
         result = self.gossip.take()
         if result is None:
             return [], {"partner": None, "fetch_s": None, "bytes_in": 0}
-        info = {"partner": result.peer_id, "fetch_s": round(result.seconds, 3), "bytes_in": result.nbytes}
+        info = {"partner": result.peer_id, "fetch_s": round(result.seconds, 3), "wait_s": round(result.waited_s, 3),
+                "bytes_in": result.nbytes}
         if result.snapshot is None:
             self.chooser.failed(result.peer_id)
             info["fetch_error"] = result.error
@@ -340,7 +349,7 @@ class IslandRunner:
                         break
                 if not fetching and (now := time.monotonic()) >= next_try:  # a partner to fetch (again)?
                     same_version = now < fresh_until
-                    fetching = self._start_fetch(same_version)
+                    fetching = self._start_fetch(fresh_until if same_version else None)
                     # look again soon, and at once when the wait for a partner at our version ends
                     next_try = min(now + RETRY_PARTNER_S, fresh_until) if same_version else now + RETRY_PARTNER_S
                 arrived = arrived or self._mix_if_arrived()

@@ -1,0 +1,81 @@
+"""The background gossip worker against a real snapshot server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from p2p_diloco.config import NetworkConfig
+from p2p_diloco.membership import IslandRecord
+from p2p_diloco.transport import SnapshotServer
+from peers.gossip import GossipWorker
+
+NET = NetworkConfig(compression="fp32")
+
+
+@pytest.fixture
+def server():
+    s = SnapshotServer(config=NET)
+    yield s
+    s.close()
+
+
+def _publish(server: SnapshotServer, version: int) -> None:
+    server.publish({"phi": torch.full((1000,), float(version))}, version, 1000 * version)
+
+
+def _record(server: SnapshotServer, version: int) -> IslandRecord:
+    return IslandRecord(peer_id="partner", endpoint=server.endpoint, version=version, tokens=1, state="training")
+
+
+def _result(worker: GossipWorker, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while worker.busy and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return worker.take()
+
+
+def test_fetches_the_latest_state_and_hands_it_out_once(server):
+    _publish(server, 3)
+    worker = GossipWorker(NET, timeout_s=5.0)
+    assert worker.start(_record(server, 3))
+    result = _result(worker)
+    assert result.error is None and result.snapshot.version == 3 and result.nbytes > 0
+    assert torch.equal(result.snapshot.tensors["phi"], torch.full((1000,), 3.0))
+    assert result.waited_s < 0.5
+    assert worker.take() is None
+
+
+def test_waits_for_the_partner_to_publish_the_version_asked_for(server):
+    _publish(server, 3)
+    worker = GossipWorker(NET, timeout_s=5.0)
+    assert worker.start(_record(server, 3), min_version=4, wait_until=time.monotonic() + 5.0)
+    time.sleep(0.4)
+    assert worker.busy and not worker.start(_record(server, 3))  # one fetch at a time
+    _publish(server, 4)
+    result = _result(worker)
+    assert result.snapshot.version == 4
+    assert 0.3 < result.waited_s < 2.0, result.waited_s
+    assert result.seconds < 1.0  # the transfer alone, so the partner's link rate is not blamed for the wait
+
+
+def test_takes_what_the_partner_has_when_the_wait_ends(server):
+    _publish(server, 3)
+    worker = GossipWorker(NET, timeout_s=5.0)
+    assert worker.start(_record(server, 3), min_version=4, wait_until=time.monotonic() + 0.3)
+    result = _result(worker)
+    assert result.snapshot.version == 3 and 0.2 < result.waited_s < 2.0
+
+
+def test_a_dead_partner_costs_only_that_exchange(server):
+    _publish(server, 3)
+    record = _record(server, 3)
+    server.close()
+    worker = GossipWorker(NET, timeout_s=1.0)
+    assert worker.start(record, min_version=4, wait_until=time.monotonic() + 5.0)
+    started = time.monotonic()
+    result = _result(worker)
+    assert result.snapshot is None and result.error.startswith("Transport"), result.error
+    assert time.monotonic() - started < 3.0  # the fetch timeout, not the wait for a version
