@@ -43,7 +43,7 @@ def run_bench_swarm(islands: int = 4, tokens: int = 1_500_000, latency_ms: float
 
     train = TrainConfig()
     round_tokens = local_steps * train.batch_size * ModelConfig().resolved()["block_size"]
-    per_island = max(1, tokens // islands // round_tokens) * round_tokens  # whole rounds: equal tokens everywhere
+    per_island = max(1, tokens // islands // round_tokens) * round_tokens  # H-step rounds, as the simulator's
     swarms = []
     for k in range(runs):
         where = workdir / f"run-{k}" if workdir is not None and runs > 1 else workdir
