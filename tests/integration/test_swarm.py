@@ -57,7 +57,9 @@ def test_killed_partner_does_not_stall_the_others(procs, tmp_path):
 def test_slow_island_does_not_slow_the_others(procs, tmp_path):
     _, entry = start_bootstrap(procs, tmp_path)
     slow = IslandProc(procs, tmp_path, "slow", entry, "-H", "10", "--slowdown", "10")
-    fast = [IslandProc(procs, tmp_path, f"f{k}", entry, "-H", "10", "--max-rounds", "12") for k in range(2)]
+    # no evaluation or checkpoint mid-run: with rounds of ~0.1 s they would be a fifth of the wall time
+    fast = [IslandProc(procs, tmp_path, f"f{k}", entry, "-H", "10", "--max-rounds", "12", "--eval-every", "100",
+                       "--checkpoint-every", "100") for k in range(2)]
     for f in fast:
         s = f.summary(180)
         rows = f.rounds()
