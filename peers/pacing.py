@@ -16,30 +16,28 @@ from __future__ import annotations
 
 from p2p_diloco.membership import IslandRecord
 
-FRESH_RECORD_S = 6.0
-"""Records older than this are not counted: a live island announces every 2 s, a dead one lingers."""
-
-
 def phase_offset(theirs: float, ours: float, period: float) -> float:
     """How long after us (positive) or before us (negative) another island publishes, in
     `[-period/2, period/2)`, given that both publish every `period` seconds."""
     return (theirs - ours + period / 2) % period - period / 2
 
 
-def catch_up_seconds(members: dict[str, IslandRecord], self_id: str, published_at: float, now: float) -> float:
+def catch_up_seconds(members: dict[str, IslandRecord], self_id: str, published_at: float, now: float,
+                     fresh_s: float) -> float:
     """Seconds this island should train past the end of its round so that it ends with the others.
 
     Called when the round's H steps are done, at unix time `now`; `published_at` is when this
     island published last, so `now - published_at` is its round's length. Each other live island's
     offset is how long after this one it publishes; the answer is the lower median of the offsets,
     when it is positive (most of the others are behind), else 0 (this island is not ahead).
+    Records older than `fresh_s` are not counted: a dead island's record lingers until it expires.
     """
     period = now - published_at
     if published_at <= 0 or period <= 0:
         return 0.0
     offsets = sorted(phase_offset(r.published_at, published_at, period) for pid, r in members.items()
                      if pid != self_id and r.state == "training" and r.published_at > 0
-                     and now - r.timestamp <= FRESH_RECORD_S)
+                     and now - r.timestamp <= fresh_s)
     if not offsets:
         return 0.0
     return max(0.0, offsets[(len(offsets) - 1) // 2])

@@ -344,7 +344,8 @@ class IslandRunner:
                 if isl.round_steps >= H:  # train on while most of the others are behind (`max_stretch`)
                     if stretch_until is None:
                         stretch_until = time.monotonic() + catch_up_seconds(
-                            self.membership.members(), self.peer_id, self.published_at, time.time())
+                            self.membership.members(), self.peer_id, self.published_at, time.time(),
+                            fresh_s=3 * ANNOUNCE_EVERY_S)
                     if time.monotonic() >= stretch_until:
                         break
                 if not fetching and (now := time.monotonic()) >= next_try:  # a partner to fetch (again)?

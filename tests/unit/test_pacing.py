@@ -3,10 +3,11 @@
 import pytest
 
 from p2p_diloco.membership import IslandRecord
-from peers.pacing import FRESH_RECORD_S, catch_up_seconds, phase_offset
+from peers.pacing import catch_up_seconds, phase_offset
 
 NOW = 1.7e9
 ROUND = 5.0  # this island published ROUND seconds ago: its round's H steps took that long
+FRESH_S = 6.0  # records older than this do not count
 
 
 def rec(pid, published_ago, state="training", announced_ago=1.0):
@@ -16,7 +17,7 @@ def rec(pid, published_ago, state="training", announced_ago=1.0):
 
 def catch_up(*others):
     members = {"me": rec("me", ROUND), **{r.peer_id: r for r in others}}
-    return catch_up_seconds(members, "me", NOW - ROUND, NOW)
+    return catch_up_seconds(members, "me", NOW - ROUND, NOW, FRESH_S)
 
 
 def test_phase_offset_wraps_into_half_a_period_either_side():
@@ -46,7 +47,7 @@ def test_one_slow_island_is_outvoted():
 
 def test_only_live_training_islands_with_fresh_records_count():
     behind = ROUND - 2.0
-    assert catch_up(rec("gone", behind, announced_ago=FRESH_RECORD_S + 1)) == 0.0  # a dead island's lingering record
+    assert catch_up(rec("gone", behind, announced_ago=FRESH_S + 1)) == 0.0  # a dead island's lingering record
     assert catch_up(rec("leaving", behind, state="leaving")) == 0.0
     assert catch_up(rec("new", 0.0).replace(published_at=0.0)) == 0.0  # has not published yet
     assert catch_up(rec("a", behind)) == pytest.approx(2.0)
@@ -55,4 +56,4 @@ def test_only_live_training_islands_with_fresh_records_count():
 
 def test_no_stretch_before_the_first_publish():
     members = {"a": rec("a", ROUND - 2.0)}
-    assert catch_up_seconds(members, "me", 0.0, NOW) == 0.0
+    assert catch_up_seconds(members, "me", 0.0, NOW, FRESH_S) == 0.0
