@@ -20,15 +20,18 @@ from peers.demo import DemoConfig, run_swarm
 from peers.metrics import read_metrics
 
 
-def utilization(run_dir: Path) -> float:
-    """Share of an island's training wall time spent in inner steps, from its metrics."""
-    rows = [r for r in read_metrics(run_dir) if "round" in r]
+def rounds(run_dir: Path) -> list[dict]:
+    """An island's per-round rows from its `metrics.jsonl`."""
+    return [r for r in read_metrics(run_dir) if "round" in r]
+
+
+def utilization(rows: list[dict]) -> float:
+    """Share of an island's training wall time spent in inner steps, from its round rows."""
     return sum(r["inner_s"] for r in rows) / max(rows[-1]["wall_s"], 1e-9) if rows else 0.0
 
 
-def step_seconds(run_dirs: list[Path]) -> float:
-    """Mean seconds of one inner step over every island's rounds: the simulator's clock for the same run."""
-    rows = [r for d in run_dirs for r in read_metrics(d) if "round" in r]
+def step_seconds(rows: list[dict]) -> float:
+    """Mean seconds of one inner step over the given round rows: the simulator's clock for the same run."""
     return sum(r["inner_s"] for r in rows) / max(1, sum(r["steps"] for r in rows))
 
 
@@ -51,23 +54,24 @@ def run_bench_swarm(islands: int = 4, tokens: int = 1_500_000, latency_ms: float
                          local_steps=local_steps, compression=compression, run_id="bench", workdir=where)
         started = time.monotonic()
         run_dir, names, summaries = run_swarm(cfg)
-        swarms.append((run_dir, names, summaries, time.monotonic() - started))
+        wall_s = time.monotonic() - started
+        swarms.append((run_dir, names, summaries, {n: rounds(run_dir / n) for n in names}, wall_s))
     total = sum(s["tokens"] for s in swarms[0][2])
-    step_s = step_seconds([run_dir / n for run_dir, names, _, _ in swarms for n in names])
+    step_s = step_seconds([r for *_, rows, _ in swarms for island in rows.values() for r in island])
     sim = SimConfig(islands=islands, methods=("gossip", "dp"), tokens=total, latency_ms=latency_ms,
                     bandwidth_mbps=bandwidth_mbps or 1e6, compression=compression, step_seconds=step_s)
     simulation = Simulation(sim, ModelConfig(), train, DiLoCoConfig(local_steps=local_steps), load_corpus())
     gossip, dp = simulation.run("gossip"), simulation.run("dp")
     per_run = []
-    for run_dir, names, summaries, wall_s in swarms:
+    for run_dir, names, summaries, rows, wall_s in swarms:
         losses = [simulation.evaluate_vector(checkpoint.load(checkpoint.latest(run_dir / n / "checkpoints")).tensors["phi"])
                   for n in names]
         mean = sum(losses) / len(losses)
         per_run.append({"swarm_eval_loss": mean, "ratio_to_dp": mean / dp.eval_loss,
                         "ratio_to_sim_gossip": mean / gossip.eval_loss, "per_island_eval_loss": losses,
                         "tokens_per_island": [s["tokens"] for s in summaries],
-                        "utilization": [utilization(run_dir / n) for n in names],
-                        "step_seconds": round(step_seconds([run_dir / n for n in names]), 4),
+                        "utilization": [utilization(rows[n]) for n in names],
+                        "step_seconds": round(step_seconds([r for n in names for r in rows[n]]), 4),
                         "bytes_moved": sum(s["bytes_in"] for s in summaries), "swarm_wall_s": round(wall_s, 1),
                         "workdir": str(run_dir)})
     swarm_loss = sum(r["swarm_eval_loss"] for r in per_run) / runs
