@@ -55,19 +55,19 @@ class BootstrapNode:
         return f"tcp://{f'[{host}]' if ':' in host else host}:{self.rendezvous.port}"
 
     def start(self) -> list[str]:
-        from p2p_diloco import discovery
-        from p2p_diloco.rendezvous import RendezvousServer
+        from p2p_diloco.discovery import dht
+        from p2p_diloco.discovery.rendezvous import RendezvousServer
 
         fresh = not self.identity.exists()
         dht_port = self.port
         if self.discovery in ("auto", "dht"):
             try:
-                self.dht = discovery.start_dht(
+                self.dht = dht.start_dht(
                     initial_peers=[], host=self.host, port=self.port, timeout=self.start_timeout,
                     announce_host=self.announce_host, identity_path=str(self.identity),
-                    validators=[discovery.RSASignatureValidator()],  # signatures only: runs are not known here
+                    validators=[dht.RSASignatureValidator()],  # signatures only: runs are not known here
                 )
-            except discovery.DaemonUnavailable as e:
+            except dht.DaemonUnavailable as e:
                 if self.discovery == "dht":
                     raise DiscoveryError(f"the libp2p daemon could not start: {e}") from e
                 logger.warning("the libp2p daemon could not start (%s); serving the ZeroMQ rendezvous only", e)
@@ -76,7 +76,7 @@ class BootstrapNode:
                 self.multiaddrs = [str(m) for m in self.dht.get_visible_maddrs()]
                 dht_port = addresses.parse(self.multiaddrs[0]).port
         if self.peer_id is None:
-            self.peer_id = discovery.peer_id_from_identity(str(self.identity))
+            self.peer_id = dht.peer_id_from_identity(str(self.identity))
         if fresh and self.identity.exists():
             os.chmod(self.identity, 0o600)  # it is a private key
             logger.info("created the identity file %s", self.identity)
@@ -98,14 +98,14 @@ class BootstrapNode:
 
     def run_until(self, stop: threading.Event) -> None:
         """Log peers coming and going until `stop` is set."""
-        from p2p_diloco import discovery
+        from p2p_diloco.discovery import dht
 
         known: set[str] = set()
         while not stop.wait(WATCH_INTERVAL):
             if self.dht is None:
                 continue
             try:
-                now = set(discovery.routing_peers(self.dht))
+                now = set(dht.routing_peers(self.dht))
             except Exception as e:  # the DHT process died: say so once and keep the rendezvous up
                 logger.error("the DHT node stopped answering (%s: %s); the rendezvous keeps serving", type(e).__name__, e)
                 self.dht = None

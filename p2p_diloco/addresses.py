@@ -17,12 +17,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-from p2p_diloco.errors import DiscoveryError
-
-if TYPE_CHECKING:
-    from p2p_diloco.config import DiscoveryConfig
 
 RENDEZVOUS_PORT_OFFSET = 1
 """The rendezvous listens on the DHT port plus this, unless `--rendezvous-port` says otherwise."""
@@ -87,18 +81,3 @@ def rendezvous_endpoints(bootstrap: tuple[str, ...] | list[str]) -> list[str]:
         if ep not in out:
             out.append(ep)
     return out
-
-
-def choose_backend(config: DiscoveryConfig) -> str:
-    """`dht` or `zmq` for this config (with `auto`, `dht` means: try it, fall back if libp2p fails)."""
-    has_multiaddr = bool(dht_multiaddrs(config.bootstrap))
-    if config.discovery == "zmq":
-        return "zmq"
-    if config.discovery == "dht":
-        if config.bootstrap and not has_multiaddr:
-            raise DiscoveryError(
-                "--discovery dht needs a DHT multiaddr (/ip4/HOST/tcp/PORT/p2p/PEER_ID); "
-                "tcp:// addresses are ZeroMQ rendezvous addresses (use --discovery zmq or auto)"
-            )
-        return "dht"
-    return "dht" if has_multiaddr or not config.bootstrap else "zmq"

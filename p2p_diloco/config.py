@@ -2,21 +2,42 @@
 
 Precedence (applied by the CLI): command-line flag > environment variable `P2P_DILOCO_*` > TOML
 file (`--config FILE`) > the defaults below. Every field is documented right under it; every
-`__post_init__` names the field and its allowed range when a value is rejected.
+`__post_init__` names the field and its allowed range when a value is rejected. The CLI's options
+take their defaults from these fields, so a default is written once, here.
+
+Plain Python on purpose (no torch): the CLI, the dashboard and discovery build configs without
+loading the training core. The lists of names the sections accept (codecs, discovery kinds,
+methods, model presets) are constants here, imported wherever they are needed.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import tomllib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tomllib
+
+from p2p_diloco import addresses
 from p2p_diloco.errors import ConfigError
 
 MOMENTUM_MODES = ("mixed", "local")
 MIX_TIMES = ("arrival", "round-end")
+CODECS = ("fp32", "bf16", "fp16", "int8")
+"""Payload codecs of exchanged state (`p2p_diloco.core.codecs` implements them)."""
+DISCOVERY_KINDS = ("auto", "dht", "zmq")
+"""Discovery back-ends: `auto` tries the DHT and falls back to ZeroMQ (`p2p_diloco.discovery`)."""
+SIM_METHODS = ("gossip", "allreduce", "dp")
+"""What the simulator compares: gossip DiLoCo, synchronous DiLoCo, data parallel."""
+MODEL_PRESETS: dict[str, dict[str, int]] = {
+    # ~0.84M parameters: tests and CPU demos
+    "tiny": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 128},
+    # ~10.8M parameters
+    "small": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256},
+}
+"""Named shapes of the project's GPT (`p2p_diloco.core.model`)."""
 
 
 def _require(cond: bool, section: str, field: str, rule: str, value: Any) -> None:
@@ -42,9 +63,7 @@ class ModelConfig:
     """Dropout probability in attention and MLP (0 for short runs)."""
 
     def __post_init__(self) -> None:
-        from p2p_diloco.model import PRESETS  # the presets live beside the model
-
-        _require(self.size in PRESETS, "model", "size", f"one of {sorted(PRESETS)}", self.size)
+        _require(self.size in MODEL_PRESETS, "model", "size", f"one of {sorted(MODEL_PRESETS)}", self.size)
         for name in ("n_layer", "n_head", "n_embd", "block_size"):
             v = getattr(self, name)
             _require(v is None or (isinstance(v, int) and v >= 1), "model", name, "a positive integer", v)
@@ -54,9 +73,7 @@ class ModelConfig:
 
     def resolved(self) -> dict[str, int]:
         """The preset with explicit overrides applied: n_layer, n_head, n_embd, block_size."""
-        from p2p_diloco.model import PRESETS
-
-        dims = dict(PRESETS[self.size])
+        dims = dict(MODEL_PRESETS[self.size])
         for name in dims:
             if getattr(self, name) is not None:
                 dims[name] = getattr(self, name)
@@ -144,6 +161,59 @@ class DiLoCoConfig:
         _require(0 <= self.staleness_decay <= 1, s, "staleness_decay", "in [0, 1]", self.staleness_decay)
 
 
+@dataclass(frozen=True, kw_only=True)
+class SimConfig:
+    """What the simulator runs: islands, budget, link and fault settings."""
+
+    islands: int = 4
+    """K: number of islands."""
+    methods: tuple[str, ...] = SIM_METHODS
+    """Which of `SIM_METHODS` to run."""
+    tokens: int = 1_500_000
+    """Total training tokens (all islands together), the same for every method."""
+    time_budget: float | None = None
+    """Virtual seconds; when set, every method stops when it is spent instead of at `tokens`."""
+    speeds: tuple[float, ...] | None = None
+    """Relative speed per island (1 = nominal); None means all 1."""
+    drop_prob: float = 0.0
+    """Chance that an island misses a round (offline for that round's duration)."""
+    latency_ms: float = 100.0
+    """One-way latency of every simulated link."""
+    bandwidth_mbps: float = 1000.0
+    """Rate of every simulated link, Mbit/s."""
+    compression: str = "int8"
+    """Codec applied to every exchanged state and counted in the bytes."""
+    mix_delay: int = 1
+    """Rounds between a partner's state being published and being mixed (0 or 1)."""
+    step_seconds: float = 0.32
+    """Virtual seconds of one inner step on a speed-1 island: the tiny model's step with 4 islands
+    sharing the 2-core reference machine, as `bench swarm` measured it there when idle (0.31-0.33 s).
+    Against the link time it decides how many inner steps of a round run before a partner's state
+    arrives."""
+    eval_batches: int = 16
+    """Held-out batches every method is evaluated on."""
+    seed: int = 0
+    """Seed of the initial weights, the data order and the simulated faults."""
+
+    def __post_init__(self) -> None:
+        s = "simulate"
+        _require(self.islands >= 2, s, "islands", ">= 2", self.islands)
+        _require(bool(self.methods) and set(self.methods) <= set(SIM_METHODS), s, "methods", f"a subset of {SIM_METHODS}", self.methods)
+        _require(self.tokens >= 1, s, "tokens", ">= 1", self.tokens)
+        _require(self.time_budget is None or self.time_budget > 0, s, "time_budget", "> 0", self.time_budget)
+        _require(self.step_seconds > 0, s, "step_seconds", "> 0", self.step_seconds)
+        _require(self.speeds is None or (len(self.speeds) == self.islands and min(self.speeds) > 0), s, "speeds",
+                 f"{self.islands} positive numbers", self.speeds)
+        _require(0 <= self.drop_prob < 1, s, "drop_prob", "in [0, 1)", self.drop_prob)
+        _require(self.latency_ms >= 0 and self.bandwidth_mbps > 0, s, "latency_ms/bandwidth_mbps", ">= 0 and > 0",
+                 (self.latency_ms, self.bandwidth_mbps))
+        _require(self.compression in CODECS, s, "compression", f"one of {CODECS}", self.compression)
+        _require(self.mix_delay in (0, 1), s, "mix_delay", "0 or 1", self.mix_delay)
+
+    def speed(self, i: int) -> float:
+        return 1.0 if self.speeds is None else self.speeds[i]
+
+
 def load_toml(path: str | Path) -> dict[str, dict[str, Any]]:
     """Read a TOML config file into `{section: {field: value}}` (the CLI checks the names)."""
     try:
@@ -156,7 +226,6 @@ def load_toml(path: str | Path) -> dict[str, dict[str, Any]]:
     return data
 
 
-DISCOVERY_KINDS = ("auto", "dht", "zmq")
 _RUN_ID_RE = r"^[A-Za-z0-9_-]{1,64}$"
 
 
@@ -186,10 +255,6 @@ class DiscoveryConfig:
     """Seconds to wait for any bootstrap address to answer before giving up."""
 
     def __post_init__(self) -> None:
-        import re
-
-        from p2p_diloco import addresses
-
         s = "discovery"
         _require(isinstance(self.run_id, str) and re.match(_RUN_ID_RE, self.run_id) is not None, s, "run_id",
                  "1-64 characters of [A-Za-z0-9_-]", self.run_id)
@@ -241,16 +306,15 @@ class NetworkConfig:
     """Link emulation: rate of this process's outgoing link in Mbit/s (None: not emulated)."""
     secret: str | None = dataclasses.field(default=None, repr=False)
     """Swarm secret: CurveZMQ keys are derived from it; peers without it cannot connect."""
-    fetch_timeout_s: float = 30.0
-    """A fetch fails with TransportTimeout when the peer sends nothing for this long."""
+    fetch_timeout_s: float = 10.0
+    """A fetch fails with TransportTimeout when the peer sends nothing for this long (a stalled
+    partner costs the island's gossip this long, and then only that exchange)."""
     max_state_bytes: int = 16 * 1024**3
     """A manifest announcing more decoded fp32 state than this is refused before allocating."""
     retain_snapshots: int = 2
     """Snapshots a server keeps serving: the newest plus older ones that fetches may still be reading."""
 
     def __post_init__(self) -> None:
-        from p2p_diloco.codecs import CODECS
-
         s, lo, hi = "network", 64 * 1024, 8 * 1024 * 1024
         _require(self.compression in CODECS, s, "compression", f"one of {CODECS}", self.compression)
         _require(isinstance(self.min_chunk_bytes, int) and lo <= self.min_chunk_bytes <= hi, s, "min_chunk_bytes",
@@ -273,3 +337,55 @@ class NetworkConfig:
                  self.max_state_bytes)
         _require(isinstance(self.retain_snapshots, int) and 1 <= self.retain_snapshots <= 8, s, "retain_snapshots",
                  "in [1, 8]", self.retain_snapshots)
+
+
+@dataclass(frozen=True, kw_only=True)
+class IslandConfig:
+    """The island process's own settings (the rest lives in the shared config sections)."""
+
+    run_dir: Path = Path("runs/island")
+    """Metrics, checkpoints and the island's log live here."""
+    bind_host: str = "127.0.0.1"
+    """Address the snapshot server binds (0.0.0.0 for all interfaces)."""
+    announce_host: str | None = None
+    """Address partners should dial, when the bind address is not reachable as such."""
+    port: int = 0
+    """Snapshot server port (0: any free port)."""
+    max_tokens: int | None = None
+    """Stop after this island trained this many tokens."""
+    max_rounds: int | None = None
+    """Stop after this many rounds."""
+    max_seconds: float | None = None
+    """Stop after this many seconds of training."""
+    resume: bool = False
+    """Continue from the last checkpoint in `run_dir` (an error if there is none or it is corrupt)."""
+    checkpoint_every: int = 10
+    """Rounds between checkpoints (one is always written on exit)."""
+    eval_every: int = 10
+    """Rounds between held-out evaluations (also one at the end)."""
+    eval_batches: int = 4
+    join_timeout_s: float = 20.0
+    """How long a joiner tries to download the freshest member's state before starting on its own,
+    and the longest it waits for `wait_for` islands."""
+    same_version_wait: float = 0.4
+    """For this share of the previous round's inner-step time, a round fetches only from a partner
+    that was not one of its last two and has reached this island's version or is one behind, and
+    the fetch waits (asking the partner, a round trip at a time) until it publishes this version;
+    when the wait ends it takes what the partner has, and a round that found no such partner by
+    then takes any. Islands are never exactly in phase, so at a round's start some partners have
+    not yet published this version, and a state one version older weighs less and pulls the
+    island back; the first to publish it would be the same partner every round, and discovery
+    shows a publish a second or two late (BENCHMARKS.md, Swarm)."""
+    max_stretch: float = 0.5
+    """An island that runs ahead of most others trains on past its H steps, by up to this share of
+    H, until its round ends with theirs (`p2p_diloco.peers.pacing`); it never idles, and a round never passes
+    `round_seconds` or the token budget. 0 turns it off."""
+    wait_for: int = 1
+    """Before its first round, wait until this many islands (this one included) are in the run: islands
+    launched together then start their rounds together instead of seconds apart."""
+    name: str | None = None
+    """Label for logs and the progress line (default: the peer id's prefix)."""
+    quiet: bool = False
+    """No progress lines on stderr."""
+    slowdown: float = 1.0
+    """Fault injection: after each inner step, idle (slowdown - 1) times its duration, as a slower machine would."""

@@ -171,11 +171,11 @@ def run_demo(cfg: DemoConfig) -> dict:
 def sample_text(checkpoints: Path, prompt: str = "def ", n_bytes: int = 240, seed: int = 0) -> str:
     """Generate text from a checkpoint's anchor with the default tiny model."""
     import torch
+    from p2p_diloco.peers import checkpoint
 
     from p2p_diloco.config import ModelConfig
-    from p2p_diloco.island import load_vector
-    from p2p_diloco.model import build_model
-    from peers import checkpoint
+    from p2p_diloco.core.island import load_vector
+    from p2p_diloco.core.model import build_model
 
     ck = checkpoint.load(checkpoint.latest(checkpoints))
     model = build_model(ModelConfig())
@@ -189,8 +189,8 @@ def sample_text(checkpoints: Path, prompt: str = "def ", n_bytes: int = 240, see
 def baseline_dp(tokens: int, islands: int) -> float:
     """Eval loss of data parallel training (K-times batch every step) at the same total tokens."""
     from p2p_diloco.config import ModelConfig, TrainConfig
-    from p2p_diloco.data import load_corpus
-    from p2p_diloco.simulator import SimConfig, Simulation
+    from p2p_diloco.core.data import load_corpus
+    from p2p_diloco.sim.simulator import SimConfig, Simulation
 
     sim = SimConfig(islands=islands, methods=("dp",), tokens=max(tokens, 1))
     return Simulation(sim, ModelConfig(), TrainConfig(), DiLoCoConfig(), load_corpus()).run("dp").eval_loss
@@ -199,8 +199,9 @@ def baseline_dp(tokens: int, islands: int) -> float:
 
 def _dashboard_until_done(swarm: Swarm, cfg: DemoConfig, islands: list[subprocess.Popen]) -> None:
     """Show the dashboard until every island has exited; quitting it early stops the islands cleanly."""
+    from p2p_diloco.tui import MembershipSource, run_dashboard
+
     from p2p_diloco.config import DiscoveryConfig
-    from tui import MembershipSource, run_dashboard
 
     done = threading.Event()
 

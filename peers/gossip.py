@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 
 from p2p_diloco.config import NetworkConfig
+from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.errors import TransportError
-from p2p_diloco.membership import IslandRecord
 
 log = logging.getLogger(__name__)
 VERSION_POLL_S = 0.05
@@ -28,7 +28,7 @@ VERSION_POLL_S = 0.05
 @dataclass(frozen=True)
 class FetchResult:
     peer_id: str
-    snapshot: object | None  # p2p_diloco.fetcher.Snapshot when ok
+    snapshot: object | None  # p2p_diloco.exchange.client.Snapshot when ok
     error: str | None
     seconds: float
     """How long the transfer took (or the attempt, when it failed)."""
@@ -65,7 +65,7 @@ class GossipWorker:
         return True
 
     def _fetch(self, partner: IslandRecord, min_version: int, wait_until: float) -> None:
-        from p2p_diloco.fetcher import Fetcher
+        from p2p_diloco.exchange.client import Fetcher
 
         started = time.monotonic()
         try:

@@ -14,7 +14,8 @@ with a publish.
 
 from __future__ import annotations
 
-from p2p_diloco.membership import IslandRecord
+from p2p_diloco.discovery.records import IslandRecord
+
 
 def phase_offset(theirs: float, ours: float, period: float) -> float:
     """How long after us (positive) or before us (negative) another island publishes, in

@@ -29,7 +29,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from p2p_diloco.membership import IslandRecord
+from p2p_diloco.discovery.records import IslandRecord
 
 MIN_BACKOFF_S, MAX_BACKOFF_S = 2.0, 60.0
 RECENT_PARTNERS = 2

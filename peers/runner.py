@@ -32,78 +32,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from p2p_diloco.peers import checkpoint
+from p2p_diloco.peers.distributed import STEP, STOP, IntraIsland, follow
+from p2p_diloco.peers.gossip import GossipWorker
+from p2p_diloco.peers.metrics import LinkRates, MetricsLog, progress_line
+from p2p_diloco.peers.pacing import catch_up_seconds
+from p2p_diloco.peers.partners import PartnerChooser
 
-from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, ModelConfig, NetworkConfig, TrainConfig
-from p2p_diloco.data import BatchSampler, eval_batches, load_corpus
+from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, IslandConfig, ModelConfig, NetworkConfig, TrainConfig
+from p2p_diloco.core.data import BatchSampler, eval_batches, load_corpus
+from p2p_diloco.core.inner import evaluate
+from p2p_diloco.core.island import Island
+from p2p_diloco.core.model import build_model
+from p2p_diloco.core.outer import PartnerState
+from p2p_diloco.discovery import open_membership
+from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.errors import CheckpointError, TransportError
-from p2p_diloco.inner import evaluate
-from p2p_diloco.island import Island
-from p2p_diloco.membership import IslandRecord, open_membership
-from p2p_diloco.model import build_model
-from p2p_diloco.outer import PartnerState
-from peers import checkpoint
-from peers.distributed import STEP, STOP, IntraIsland, follow
-from peers.gossip import GossipWorker
-from peers.metrics import LinkRates, MetricsLog, progress_line
-from peers.pacing import catch_up_seconds
-from peers.partners import PartnerChooser
 
 log = logging.getLogger(__name__)
 ANNOUNCE_EVERY_S = 2.0
 RETRY_PARTNER_S = 0.5
 """How often a round that found no partner at its start looks again (one may have published since)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class IslandConfig:
-    """The island process's own settings (the rest lives in the shared config sections)."""
-
-    run_dir: Path = Path("runs/island")
-    """Metrics, checkpoints and the island's log live here."""
-    bind_host: str = "127.0.0.1"
-    """Address the snapshot server binds (0.0.0.0 for all interfaces)."""
-    announce_host: str | None = None
-    """Address partners should dial, when the bind address is not reachable as such."""
-    port: int = 0
-    """Snapshot server port (0: any free port)."""
-    max_tokens: int | None = None
-    """Stop after this island trained this many tokens."""
-    max_rounds: int | None = None
-    """Stop after this many rounds."""
-    max_seconds: float | None = None
-    """Stop after this many seconds of training."""
-    resume: bool = False
-    """Continue from the last checkpoint in `run_dir` (an error if there is none or it is corrupt)."""
-    checkpoint_every: int = 10
-    """Rounds between checkpoints (one is always written on exit)."""
-    eval_every: int = 10
-    """Rounds between held-out evaluations (also one at the end)."""
-    eval_batches: int = 4
-    join_timeout_s: float = 20.0
-    """How long a joiner tries to download the freshest member's state before starting on its own,
-    and the longest it waits for `wait_for` islands."""
-    same_version_wait: float = 0.4
-    """For this share of the previous round's inner-step time, a round fetches only from a partner
-    that was not one of its last two and has reached this island's version or is one behind, and
-    the fetch waits (asking the partner, a round trip at a time) until it publishes this version;
-    when the wait ends it takes what the partner has, and a round that found no such partner by
-    then takes any. Islands are never exactly in phase, so at a round's start some partners have
-    not yet published this version, and a state one version older weighs less and pulls the
-    island back; the first to publish it would be the same partner every round, and discovery
-    shows a publish a second or two late (BENCHMARKS.md, Swarm)."""
-    max_stretch: float = 0.5
-    """An island that runs ahead of most others trains on past its H steps, by up to this share of
-    H, until its round ends with theirs (`peers.pacing`); it never idles, and a round never passes
-    `round_seconds` or the token budget. 0 turns it off."""
-    wait_for: int = 1
-    """Before its first round, wait until this many islands (this one included) are in the run: islands
-    launched together then start their rounds together instead of seconds apart."""
-    name: str | None = None
-    """Label for logs and the progress line (default: the peer id's prefix)."""
-    quiet: bool = False
-    """No progress lines on stderr."""
-    slowdown: float = 1.0
-    """Fault injection: after each inner step, idle (slowdown - 1) times its duration, as a slower machine would."""
 
 
 class _StopFlag:
@@ -137,7 +86,7 @@ class IslandRunner:
     def __init__(self, cfg: IslandConfig, model_cfg: ModelConfig, train: TrainConfig, diloco: DiLoCoConfig,
                  network: NetworkConfig, discovery: DiscoveryConfig, data: str | None = None,
                  group: IntraIsland | None = None) -> None:
-        from p2p_diloco.transport import SnapshotServer
+        from p2p_diloco.exchange.server import SnapshotServer
 
         self.cfg, self.diloco, self.network, self.group = cfg, diloco, network, group
         self.stop = _StopFlag()
@@ -218,7 +167,7 @@ class IslandRunner:
                 return
             self.state = "syncing"
             tried.add(best.peer_id)
-            from p2p_diloco.fetcher import fetch
+            from p2p_diloco.exchange.client import fetch
 
             try:
                 snap = fetch(best.endpoint, self.network, timeout=min(self.network.fetch_timeout_s, deadline - time.monotonic()))

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tui.launch import run_app, run_dashboard, should_use_dashboard
-from tui.source import MembershipSource, ReplaySource, Snapshot, Source
-from tui.state import SwarmState
+from p2p_diloco.tui.launch import run_app, run_dashboard, should_use_dashboard
+from p2p_diloco.tui.source import MembershipSource, ReplaySource, Snapshot, Source
+from p2p_diloco.tui.state import SwarmState
 
 if TYPE_CHECKING:
-    from tui.app import DashboardApp, make_app
+    from p2p_diloco.tui.app import DashboardApp, make_app
 
 __all__ = ["DashboardApp", "MembershipSource", "ReplaySource", "Snapshot", "Source", "SwarmState", "make_app",
            "run_app", "run_dashboard", "should_use_dashboard"]
@@ -23,7 +23,7 @@ __all__ = ["DashboardApp", "MembershipSource", "ReplaySource", "Snapshot", "Sour
 
 def __getattr__(name: str) -> Any:
     if name in ("make_app", "DashboardApp"):
-        from tui import app
+        from p2p_diloco.tui import app
 
         return getattr(app, name)
     raise AttributeError(f"module 'tui' has no attribute {name!r}")

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from p2p_diloco.tui.messages import LogLine, StopRequested, SwarmUpdated
+from p2p_diloco.tui.screens import DetailScreen, HelpScreen
+from p2p_diloco.tui.source import Snapshot, Source
+from p2p_diloco.tui.state import SwarmState
+from p2p_diloco.tui.widgets import COLUMNS, EventLog, IslandColors, LossChart, PeersTable, SwarmHeader, ThroughputChart
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import DataTable, Footer
-
-from tui.messages import LogLine, StopRequested, SwarmUpdated
-from tui.screens import DetailScreen, HelpScreen
-from tui.source import Snapshot, Source
-from tui.state import SwarmState
-from tui.widgets import COLUMNS, EventLog, IslandColors, LossChart, PeersTable, SwarmHeader, ThroughputChart
 
 
 class DashboardApp(App):

@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import IO, Mapping
 
-from tui.source import Source
+from p2p_diloco.tui.source import Source
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class _ToApp(logging.Handler):
         self.app = app
 
     def emit(self, record: logging.LogRecord) -> None:
-        from tui.messages import LogLine
+        from p2p_diloco.tui.messages import LogLine
 
         try:
             # by number, not `levelname`: libraries rename levels (hivemind calls WARNING "WARN")
@@ -65,14 +65,14 @@ def _terminal_handlers(root: logging.Logger) -> list[logging.Handler]:
 
 def run_dashboard(source: Source, stop_event: threading.Event | None = None, **state_options) -> int:
     """Show the dashboard for `source` until the user quits or `stop_event` is set; returns the exit code."""
-    from tui.app import make_app
+    from p2p_diloco.tui.app import make_app
 
     return run_app(make_app(source, **state_options), stop_event)
 
 
 def run_app(app, stop_event: threading.Event | None = None) -> int:
     """Run a dashboard app made by `make_app` in this terminal (see the module docstring)."""
-    from tui.messages import StopRequested
+    from p2p_diloco.tui.messages import StopRequested
 
     root = logging.getLogger()
     moved = _terminal_handlers(root)

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
-from p2p_diloco.membership import IslandRecord, Membership
+from p2p_diloco.discovery.membership import Membership
+from p2p_diloco.discovery.records import IslandRecord
 
 if TYPE_CHECKING:
     from p2p_diloco.config import DiscoveryConfig
@@ -106,7 +107,7 @@ class MembershipSource(Source):
     def _open(self) -> Membership:
         opener = self._opener
         if opener is None:
-            from p2p_diloco.membership import open_membership as opener
+            from p2p_diloco.discovery import open_membership as opener
         return opener(self.config, observer=True)
 
     def _run(self, deliver: Deliver) -> None:

@@ -244,7 +244,7 @@ def assert_swarm_figures(figures: dict, expiry: float = 6.0) -> None:
 
 def announce(membership, port: int):
     """Announce a minimal training record for `membership` on 127.0.0.1:port; returns it."""
-    from p2p_diloco.membership import IslandRecord
+    from p2p_diloco.discovery.records import IslandRecord
 
     rec = IslandRecord(peer_id=membership.peer_id, endpoint=f"tcp://127.0.0.1:{port}", state="training",
                        timestamp=time.time())
@@ -257,7 +257,7 @@ def two_runs(bootstrap: tuple[str, ...], discovery: str, meet_timeout: float):
     """Islands A and B of run r1 and C of run r2 in this process, announced and met; yields
     (a, b, c, records by peer id) and shuts them down afterwards."""
     from p2p_diloco.config import DiscoveryConfig
-    from p2p_diloco.membership import open_membership
+    from p2p_diloco.discovery import open_membership
 
     cfg = dict(bootstrap=bootstrap, discovery=discovery, expiry=8.0, refresh=1.0, poll=0.25)
     a, b = (open_membership(DiscoveryConfig(run_id="r1", **cfg)) for _ in range(2))

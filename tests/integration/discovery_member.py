@@ -21,7 +21,8 @@ import threading
 import time
 
 from p2p_diloco.config import DiscoveryConfig
-from p2p_diloco.membership import IslandRecord, open_membership
+from p2p_diloco.discovery import open_membership
+from p2p_diloco.discovery.records import IslandRecord
 
 
 def emit(event: str, **fields) -> None:

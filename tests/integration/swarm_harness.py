@@ -15,8 +15,7 @@ import sys
 from pathlib import Path
 
 from discovery_harness import Bootstrap, free_port_pair, wait_until  # noqa: F401  (re-exported)
-
-from peers.metrics import read_metrics
+from p2p_diloco.peers.metrics import read_metrics
 
 SMALL_MODEL = ["--n-layer", "2", "--n-embd", "64", "--n-head", "4", "--block-size", "64", "--batch-size", "8"]
 

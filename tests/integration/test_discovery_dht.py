@@ -13,20 +13,21 @@ import time
 from functools import partial
 
 import pytest
-from discovery_harness import (Bootstrap, announce, assert_runs_isolated, assert_swarm_figures, free_port_pair, run_swarm,
-                               two_runs, wait_until)
+from discovery_harness import (
+    Bootstrap, announce, assert_runs_isolated, assert_swarm_figures, free_port_pair, run_swarm, two_runs, wait_until
+)
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord
 from hivemind.p2p import PeerID
 from hivemind.utils import MSGPackSerializer, get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
+from p2p_diloco.bootstrap import BootstrapNode
 
-from bootstrap import BootstrapNode
-from p2p_diloco import discovery
 from p2p_diloco.config import DiscoveryConfig
+from p2p_diloco.discovery import dht, open_membership
+from p2p_diloco.discovery.records import IslandRecord, fingerprint
 from p2p_diloco.errors import DiscoveryError
-from p2p_diloco.membership import IslandRecord, fingerprint, open_membership
 
 
 @pytest.mark.timeout(240)
@@ -67,7 +68,7 @@ async def _store_at(_dht, node, target: str, maddrs: list[str], key: str, subkey
     key_id = DHTID.generate(source=key)
     rec = DHTRecord(key_id.to_bytes(), MSGPackSerializer.dumps(subkey), MSGPackSerializer.dumps(value), expiration)
     peer = PeerID.from_base58(target)
-    await node.p2p._client.connect(peer, [discovery.dial_address(m) for m in maddrs])
+    await node.p2p._client.connect(peer, [dht.dial_address(m) for m in maddrs])
     ok = await node.protocol.call_store(peer, [key_id], [signer.sign_value(rec)], [expiration], subkeys=[subkey])
     return None if ok is None else list(ok)  # a protobuf field does not cross the process boundary
 
@@ -87,7 +88,7 @@ def forged_cases(victim_subkey: bytes, victim: IslandRecord, own_subkey: bytes) 
 @pytest.mark.timeout(90)
 def test_forged_and_malformed_records_are_refused(swarm):
     boot, a, b, c, recs = swarm
-    mallory = discovery.start_dht(initial_peers=boot.addresses[:1], host="127.0.0.1", port=0, timeout=20)
+    mallory = dht.start_dht(initial_peers=boot.addresses[:1], host="127.0.0.1", port=0, timeout=20)
     try:
         targets = {"A": (a.libp2p_peer_id, a.visible_maddrs()), "B": (b.libp2p_peer_id, b.visible_maddrs()),
                    "bootstrap": (boot.peer_id, boot.multiaddrs)}
@@ -96,7 +97,7 @@ def test_forged_and_malformed_records_are_refused(swarm):
         for name, case in forged_cases(a._subkey, recs[a.peer_id], signer.local_public_key).items():
             for where, (pid, maddrs) in targets.items():
                 verdicts[name, where] = mallory.run_coroutine(partial(
-                    _store_at, target=pid, maddrs=maddrs, key=discovery.islands_key("r1"), signer=signer, **case))
+                    _store_at, target=pid, maddrs=maddrs, key=dht.islands_key("r1"), signer=signer, **case))
         for name in ("off-schema", "huge", "impersonation", "overwrite", "forged-leave"):
             assert verdicts[name, "A"] == [False] and verdicts[name, "B"] == [False], (name, verdicts)
         # the bootstrap cannot know run r1's schema, but it checks signatures like everyone

@@ -13,8 +13,8 @@ import zmq
 from discovery_harness import assert_runs_isolated, assert_swarm_figures, free_port_pair, run_swarm, two_runs
 
 from p2p_diloco.config import DiscoveryConfig
-from p2p_diloco.membership import open_membership
-from p2p_diloco.rendezvous import MAX_MESSAGE_BYTES, Entry, RendezvousServer, SigningKey
+from p2p_diloco.discovery import open_membership
+from p2p_diloco.discovery.rendezvous import MAX_MESSAGE_BYTES, Entry, RendezvousServer, SigningKey
 
 
 @pytest.mark.timeout(180)

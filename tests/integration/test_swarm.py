@@ -91,7 +91,7 @@ def test_corrupt_checkpoint_is_a_clear_error(procs, tmp_path):
     _, entry = start_bootstrap(procs, tmp_path)
     a = IslandProc(procs, tmp_path, "a", entry, "-H", "5", "--max-rounds", "2")
     a.summary(90)
-    from peers import checkpoint
+    from p2p_diloco.peers import checkpoint
 
     state = checkpoint.latest(a.run_dir / "checkpoints") / "state.safetensors"
     blob = bytearray(state.read_bytes())
@@ -103,7 +103,7 @@ def test_corrupt_checkpoint_is_a_clear_error(procs, tmp_path):
 
 
 def test_killed_island_resumes_from_its_checkpoint_and_catches_up(procs, tmp_path):
-    from peers import checkpoint
+    from p2p_diloco.peers import checkpoint
 
     _, entry = start_bootstrap(procs, tmp_path)
     others = [IslandProc(procs, tmp_path, f"i{k}", entry, "-H", "8", "--max-rounds", "400") for k in range(2)]

@@ -16,11 +16,11 @@ import torch
 import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from p2p_diloco import wire
-from p2p_diloco.errors import ProtocolError, ProtocolMismatch
-from p2p_diloco.transport import fetch
 from transport_peer import make_state, start_server
+
+from p2p_diloco.errors import ProtocolError, ProtocolMismatch
+from p2p_diloco.exchange import wire
+from p2p_diloco.exchange.client import fetch
 
 pytestmark = pytest.mark.timeout(240)
 SENTINEL = 2**62

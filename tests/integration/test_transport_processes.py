@@ -17,11 +17,11 @@ import time
 
 import pytest
 import torch
+from transport_peer import Peer, make_state, start_server
 
 from p2p_diloco.config import NetworkConfig
 from p2p_diloco.errors import AuthRefused, ConnectionLost, TransportTimeout, VersionGone
-from p2p_diloco.transport import fetch, fetch_manifest
-from transport_peer import Peer, make_state, start_server
+from p2p_diloco.exchange.client import fetch, fetch_manifest
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -123,7 +123,7 @@ def test_client_without_the_secret_is_refused(procs):
 
 def test_fetcher_peak_memory_is_the_state_plus_the_window(procs):
     _, endpoint = start_server(procs, "--numel", "10000000")  # 60 MB of fp32 state
-    out = subprocess.run([sys.executable, "-m", "p2p_diloco.bench_transport", "memory", endpoint],
+    out = subprocess.run([sys.executable, "-m", "p2p_diloco.bench.transport", "memory", endpoint],
                          capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert out.returncode == 0, out.stderr
     mem = json.loads(out.stdout)

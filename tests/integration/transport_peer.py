@@ -68,7 +68,7 @@ def emit(**fields) -> None:
 
 def serve(a: argparse.Namespace) -> None:
     from p2p_diloco.config import NetworkConfig
-    from p2p_diloco.transport import SnapshotServer
+    from p2p_diloco.exchange.server import SnapshotServer
 
     cfg = NetworkConfig(compression=a.codec, latency_ms=a.latency_ms, bandwidth_mbps=a.bandwidth_mbps,
                         secret=a.secret, retain_snapshots=a.retain)
@@ -87,7 +87,7 @@ def serve(a: argparse.Namespace) -> None:
 
 def fetch_once(a: argparse.Namespace) -> None:
     from p2p_diloco.config import NetworkConfig
-    from p2p_diloco.transport import fetch
+    from p2p_diloco.exchange.client import fetch
 
     emit(event="start")
     snap = fetch(a.endpoint, NetworkConfig(secret=a.secret), timeout=a.timeout)

@@ -21,9 +21,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
 from discovery_harness import Bootstrap, Member, free_port_pair, wait_until  # noqa: E402
+from p2p_diloco.tui.source import MembershipSource  # noqa: E402
 
 from p2p_diloco.config import DiscoveryConfig  # noqa: E402
-from tui.source import MembershipSource  # noqa: E402
 
 EXPIRY = 4.0
 """Record lifetime in the live tests: a killed island must be shown gone within this (plus a poll)."""

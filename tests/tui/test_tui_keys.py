@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from conftest import run_app, until
+from p2p_diloco.tui import ReplaySource, make_app
+from p2p_diloco.tui.messages import SwarmUpdated
+from p2p_diloco.tui.screens import HelpScreen
+from p2p_diloco.tui.widgets import PeersTable, SwarmHeader
 from timeline import EXPIRY, IDS, timeline
-
-from tui import ReplaySource, make_app
-from tui.messages import SwarmUpdated
-from tui.screens import HelpScreen
-from tui.widgets import PeersTable, SwarmHeader
 
 
 def version_shown(app, name: str) -> int:

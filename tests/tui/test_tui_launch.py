@@ -14,17 +14,16 @@ import time
 
 import pytest
 from conftest import run_app, until
+from p2p_diloco.tui import ReplaySource, make_app
+from p2p_diloco.tui.launch import _ToApp
 from timeline import EXPIRY, timeline
-
-from tui import ReplaySource, make_app
-from tui.launch import _ToApp
 
 CHILD = """
 import json, logging, sys, threading, time
 sys.path.insert(0, {tests!r})
 from timeline import EXPIRY, timeline
-from tui import ReplaySource, make_app
-from tui.launch import run_app
+from p2p_diloco.tui import ReplaySource, make_app
+from p2p_diloco.tui.launch import run_app
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 before = list(logging.getLogger().handlers)
 source = ReplaySource.from_timeline(timeline(), expiry=EXPIRY, interval=0.05)

@@ -6,12 +6,11 @@ import io
 import time
 
 import pytest
-from rich.console import Console
 from conftest import EXPIRY, REFRESH, run_app, until
-
-from tui import make_app
-from tui.screens import DetailScreen
-from tui.widgets import EventLog, PeersTable, SwarmHeader
+from p2p_diloco.tui import make_app
+from p2p_diloco.tui.screens import DetailScreen
+from p2p_diloco.tui.widgets import EventLog, PeersTable, SwarmHeader
+from rich.console import Console
 
 
 def cell(table: PeersTable, peer_id: str, column: str) -> str:

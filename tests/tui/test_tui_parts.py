@@ -8,10 +8,9 @@ import subprocess
 import sys
 
 import pytest
-
-from tui import format as fmt
-from tui import should_use_dashboard
-from tui.plot import Series, bounds, plot
+from p2p_diloco.tui import format as fmt
+from p2p_diloco.tui import should_use_dashboard
+from p2p_diloco.tui.plot import Series, bounds, plot
 
 
 @pytest.mark.parametrize("value, text", [(None, "-"), (0, "0"), (999, "999"), (1234, "1.2k"), (5.6e6, "5.6M"),
@@ -76,9 +75,9 @@ def test_the_dashboard_never_imports_torch(tmp_path):
     """`import tui` and a running app on a ZeroMQ source stay free of torch (and hivemind)."""
     code = """
 import asyncio, sys
-import tui
+from p2p_diloco import tui
 from p2p_diloco.config import DiscoveryConfig
-from tui import MembershipSource, make_app
+from p2p_diloco.tui import MembershipSource, make_app
 config = DiscoveryConfig(run_id="t", bootstrap=("tcp://127.0.0.1:9",), discovery="zmq", connect_timeout=0.2)
 async def main():
     app = make_app(MembershipSource(config, retry=0.1))

@@ -11,11 +11,10 @@ from __future__ import annotations
 import time
 
 import pytest
+from p2p_diloco.tui import ReplaySource, make_app
+from p2p_diloco.tui.screens import DetailScreen
+from p2p_diloco.tui.widgets import PeersTable
 from timeline import EXPIRY, IDS, timeline
-
-from tui import ReplaySource, make_app
-from tui.screens import DetailScreen
-from tui.widgets import PeersTable
 
 SIZE = (120, 36)
 

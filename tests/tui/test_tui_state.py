@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from p2p_diloco.tui.source import ReplaySource, Snapshot
+from p2p_diloco.tui.state import HISTORY, SwarmState
 from timeline import EXPIRY, IDS, T0, frame, record, timeline
-
-from tui.source import ReplaySource, Snapshot
-from tui.state import HISTORY, SwarmState
 
 
 def snap(t: float, records, status: str = "connected", detail: str = "") -> Snapshot:

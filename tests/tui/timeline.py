@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from p2p_diloco.membership import IslandRecord
+from p2p_diloco.discovery.records import IslandRecord
 
 T0 = 1_700_000_000.0
 EXPIRY = 10.0

@@ -1,12 +1,12 @@
 import pytest
 import torch
+from p2p_diloco.peers import checkpoint
 
 from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
-from p2p_diloco.data import BatchSampler
+from p2p_diloco.core.data import BatchSampler
+from p2p_diloco.core.island import Island
+from p2p_diloco.core.model import build_model
 from p2p_diloco.errors import CheckpointError
-from p2p_diloco.island import Island
-from p2p_diloco.model import build_model
-from peers import checkpoint
 
 SMALL = ModelConfig(n_layer=1, n_embd=32, n_head=2, block_size=16)
 

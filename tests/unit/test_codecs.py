@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from p2p_diloco import codecs
+from p2p_diloco.core import codecs
 from p2p_diloco.errors import CodecError
 
 

@@ -2,9 +2,9 @@ import pytest
 import torch
 
 from p2p_diloco.config import ModelConfig
-from p2p_diloco.data import BatchSampler, load_corpus
+from p2p_diloco.core.data import BatchSampler, load_corpus
+from p2p_diloco.core.model import build_model
 from p2p_diloco.errors import ConfigError, DataError
-from p2p_diloco.model import build_model
 
 
 def test_default_corpus_is_deterministic_with_a_held_out_split():

@@ -15,8 +15,8 @@ from hivemind.dht.validation import CompositeValidator, DHTRecord
 from hivemind.utils import MSGPackSerializer
 from hivemind.utils.crypto import RSAPrivateKey
 
-from p2p_diloco.discovery import islands_key, make_validators
-from p2p_diloco.membership import IslandRecord, fingerprint
+from p2p_diloco.discovery.dht import islands_key, make_validators
+from p2p_diloco.discovery.records import IslandRecord, fingerprint
 
 RUN = "schema-test"
 

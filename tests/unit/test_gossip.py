@@ -6,11 +6,11 @@ import time
 
 import pytest
 import torch
+from p2p_diloco.peers.gossip import GossipWorker
 
 from p2p_diloco.config import NetworkConfig
-from p2p_diloco.membership import IslandRecord
-from p2p_diloco.transport import SnapshotServer
-from peers.gossip import GossipWorker
+from p2p_diloco.discovery.records import IslandRecord
+from p2p_diloco.exchange.server import SnapshotServer
 
 NET = NetworkConfig(compression="fp32")
 

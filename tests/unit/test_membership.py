@@ -10,12 +10,14 @@ import msgpack
 import pytest
 
 from p2p_diloco import addresses
+from p2p_diloco.cli.watch import format_islands
 from p2p_diloco.config import DiscoveryConfig
-from p2p_diloco.errors import ConfigError, DiscoveryError
-from p2p_diloco.membership import IslandRecord, fingerprint, format_islands
-from p2p_diloco.rendezvous import (
-    MAX_MESSAGE_BYTES, Entry, MemberTable, SigningKey, answer_sync, decode, encode, pick_entries,
+from p2p_diloco.discovery import choose_backend
+from p2p_diloco.discovery.records import IslandRecord, fingerprint
+from p2p_diloco.discovery.rendezvous import (
+    MAX_MESSAGE_BYTES, Entry, MemberTable, SigningKey, answer_sync, decode, encode, pick_entries
 )
+from p2p_diloco.errors import ConfigError, DiscoveryError
 
 PID = "0123456789abcdef0123"
 MADDR = "/ip4/127.0.0.1/tcp/4100/p2p/QmYunsfm4xYoHz4uJMkxLXo4pXxjcCXHSoV3r3ukZQ1wcE"
@@ -89,7 +91,7 @@ def test_bootstrap_addresses_parse_and_derive_the_rendezvous():
 
 
 def test_backend_choice():
-    choose = lambda **kw: addresses.choose_backend(DiscoveryConfig(**kw))  # noqa: E731
+    choose = lambda **kw: choose_backend(DiscoveryConfig(**kw))  # noqa: E731
     assert choose(bootstrap=(MADDR,)) == "dht"
     assert choose(bootstrap=("tcp://h:1",)) == "zmq"
     assert choose(bootstrap=("tcp://h:1", MADDR)) == "dht"

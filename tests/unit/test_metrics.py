@@ -1,6 +1,6 @@
 """LinkRates: the rates an island reports average bursty transfers over a window of rounds."""
 
-from peers.metrics import LinkRates
+from p2p_diloco.peers.metrics import LinkRates
 
 
 def test_a_burst_shows_as_a_rate_until_it_leaves_the_window():

@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from p2p_diloco.config import DiLoCoConfig
-from p2p_diloco.outer import OuterState, PartnerState, mix, mixing_weight, nesterov_step, outer_update, shift_toward
+from p2p_diloco.core.outer import (
+    OuterState, PartnerState, mix, mixing_weight, nesterov_step, outer_update, shift_toward
+)
 
 
 def state(phi, m=None, version=0, tokens=0):
@@ -108,9 +110,9 @@ def test_shift_toward_mixes_the_anchor_and_returns_the_shift():
 def test_mixing_on_arrival_keeps_the_islands_own_pseudo_gradient():
     """Anchor and running weights move by the same shift, so `phi - theta` is still our own progress."""
     from p2p_diloco.config import ModelConfig, TrainConfig
-    from p2p_diloco.data import BatchSampler
-    from p2p_diloco.island import Island
-    from p2p_diloco.model import build_model
+    from p2p_diloco.core.data import BatchSampler
+    from p2p_diloco.core.island import Island
+    from p2p_diloco.core.model import build_model
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(n_layer=1, n_embd=16, n_head=2, block_size=8))

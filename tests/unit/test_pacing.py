@@ -1,9 +1,9 @@
 """Round pacing: an island that runs ahead of most others trains on until its round ends with theirs."""
 
 import pytest
+from p2p_diloco.peers.pacing import catch_up_seconds, phase_offset
 
-from p2p_diloco.membership import IslandRecord
-from peers.pacing import catch_up_seconds, phase_offset
+from p2p_diloco.discovery.records import IslandRecord
 
 NOW = 1.7e9
 ROUND = 5.0  # this island published ROUND seconds ago: its round's H steps took that long

@@ -3,9 +3,9 @@
 import random
 
 import pytest
+from p2p_diloco.peers.partners import MAX_BACKOFF_S, MIN_BACKOFF_S, PartnerChooser
 
-from p2p_diloco.membership import IslandRecord
-from peers.partners import MAX_BACKOFF_S, MIN_BACKOFF_S, PartnerChooser
+from p2p_diloco.discovery.records import IslandRecord
 
 
 def rec(pid, version=5, tokens=1000, state="training", upload_bps=0.0):

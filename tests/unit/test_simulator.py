@@ -7,9 +7,9 @@ from click.testing import CliRunner
 
 from p2p_diloco.cli import main
 from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
-from p2p_diloco.data import load_corpus
-from p2p_diloco.simulator import SimConfig, Simulation
+from p2p_diloco.core.data import load_corpus
 from p2p_diloco.errors import ConfigError
+from p2p_diloco.sim.simulator import SimConfig, Simulation
 
 SMALL = ModelConfig(n_layer=1, n_embd=32, n_head=2, block_size=32)
 TRAIN = TrainConfig(batch_size=4, warmup_steps=2)

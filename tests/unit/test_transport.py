@@ -10,10 +10,12 @@ import pytest
 import torch
 import zmq
 
-from p2p_diloco import codecs, wire
 from p2p_diloco.config import NetworkConfig
+from p2p_diloco.core import codecs
 from p2p_diloco.errors import AuthRefused, BadPayload, ProtocolMismatch, TransportError, TransportTimeout
-from p2p_diloco.transport import Fetcher, SnapshotServer, fetch, fetch_manifest
+from p2p_diloco.exchange import wire
+from p2p_diloco.exchange.client import Fetcher, fetch, fetch_manifest
+from p2p_diloco.exchange.server import SnapshotServer
 
 
 def _state(seed: int = 0, n: int = 50_000) -> dict[str, torch.Tensor]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from p2p_diloco import flowcontrol
 from p2p_diloco.config import NetworkConfig
 from p2p_diloco.errors import ConfigError
-from p2p_diloco.linkemu import Pacer, link_rate
+from p2p_diloco.exchange import flowcontrol
+from p2p_diloco.exchange.linkemu import Pacer, link_rate
 
 MiB = 1 << 20
 

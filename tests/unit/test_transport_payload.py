@@ -9,8 +9,9 @@ import pytest
 import torch
 import xxhash
 
-from p2p_diloco import codecs, payload, wire
+from p2p_diloco.core import codecs
 from p2p_diloco.errors import BadPayload, ProtocolError
+from p2p_diloco.exchange import payload, wire
 
 CODECS = ["fp32", "bf16", "fp16", "int8"]
 

@@ -8,8 +8,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from p2p_diloco import payload, wire
 from p2p_diloco.errors import ProtocolError, ProtocolMismatch
+from p2p_diloco.exchange import payload, wire
 
 
 def _manifest(**tensors) -> wire.Manifest:

@@ -7,22 +7,18 @@ import json
 import sys
 import time
 
-from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
-from p2p_diloco.data import load_corpus
-from p2p_diloco.simulator import SimConfig, Simulation
+from p2p_diloco.config import DiLoCoConfig, ModelConfig, SimConfig, TrainConfig
+from p2p_diloco.core.data import load_corpus
+from p2p_diloco.sim.simulator import Simulation
 
 
-def run_simulation(opts: dict, model: ModelConfig, train: TrainConfig, diloco: DiLoCoConfig, data: str | None,
+def run_simulation(sim: SimConfig, model: ModelConfig, train: TrainConfig, diloco: DiLoCoConfig, data: str | None,
                    as_json: bool, jobs: int = 1) -> dict:
+    """Run every method of `sim`, `jobs` at a time; print a table, or one JSON object with `as_json`."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    step = {} if opts["step_seconds"] is None else {"step_seconds": opts["step_seconds"]}
-    sim = SimConfig(islands=opts["islands"], methods=tuple(opts["methods"]), tokens=opts["tokens"],
-                    time_budget=opts["time_budget"], speeds=opts["speeds"], drop_prob=opts["drop_prob"],
-                    latency_ms=opts["latency_ms"], bandwidth_mbps=opts["bandwidth_mbps"],
-                    compression=opts["compression"], mix_delay=opts["mix_delay"], seed=opts["seed"], **step)
     corpus = load_corpus(data)
     err = Console(file=sys.stderr)
     results, started = {}, time.monotonic()

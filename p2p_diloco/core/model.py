@@ -16,12 +16,6 @@ import torch.nn.functional as F
 
 VOCAB_SIZE = 256
 
-PRESETS: dict[str, dict[str, int]] = {
-    # ~0.84M parameters: tests and CPU demos
-    "tiny": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 128},
-    # ~10.8M parameters
-    "small": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256},
-}
 
 
 class CausalSelfAttention(nn.Module):

@@ -37,10 +37,11 @@ from pydantic import v1 as pydantic
 
 from p2p_diloco import addresses
 from p2p_diloco.config import DiscoveryConfig
-from p2p_diloco.errors import DiscoveryError
-from p2p_diloco.membership import (
-    ENDPOINT_RE, MAX_ENDPOINT_LEN, MAX_INT, PEER_ID_RE, STATES, BackgroundMembership, IslandRecord, fingerprint,
+from p2p_diloco.discovery.membership import BackgroundMembership
+from p2p_diloco.discovery.records import (
+    ENDPOINT_RE, MAX_ENDPOINT_LEN, MAX_INT, PEER_ID_RE, STATES, IslandRecord, fingerprint
 )
+from p2p_diloco.errors import DiscoveryError
 
 logger = logging.getLogger(__name__)
 use_hivemind_log_handler("nowhere")  # hivemind logs go to the root logger, so -v governs them too

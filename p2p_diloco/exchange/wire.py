@@ -17,7 +17,7 @@ from typing import Any
 
 import msgpack
 
-from p2p_diloco.codecs import CODECS, encoded_nbytes
+from p2p_diloco.core.codecs import CODECS, encoded_nbytes
 from p2p_diloco.errors import ProtocolError, ProtocolMismatch
 
 PROTOCOL_VERSION = (1, 0)

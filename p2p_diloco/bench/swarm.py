@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 from p2p_diloco.config import DiLoCoConfig
-from peers import checkpoint
-from peers.demo import DemoConfig, run_swarm
-from peers.metrics import read_metrics
+from p2p_diloco.peers import checkpoint
+from p2p_diloco.peers.demo import DemoConfig, run_swarm
+from p2p_diloco.peers.metrics import read_metrics
 
 
 def rounds(run_dir: Path) -> list[dict]:
@@ -41,8 +41,8 @@ def run_bench_swarm(islands: int = 4, tokens: int = 1_500_000, latency_ms: float
     """Run the swarm `runs` times (runs of the same code differ by which partner each island draws
     and when each state lands), then the two simulations once; losses are means over the runs."""
     from p2p_diloco.config import ModelConfig, TrainConfig
-    from p2p_diloco.data import load_corpus
-    from p2p_diloco.simulator import SimConfig, Simulation
+    from p2p_diloco.core.data import load_corpus
+    from p2p_diloco.sim.simulator import SimConfig, Simulation
 
     train = TrainConfig()
     round_tokens = local_steps * train.batch_size * ModelConfig().resolved()["block_size"]

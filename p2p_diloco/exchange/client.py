@@ -27,12 +27,14 @@ import torch
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from p2p_diloco import flowcontrol, payload, wire
 from p2p_diloco.config import NetworkConfig
-from p2p_diloco.errors import (AuthRefused, BadPayload, ConnectionLost, ProtocolError, ProtocolMismatch, TransportError,
-                               TransportTimeout, VersionGone)
-from p2p_diloco.linkemu import Pacer, link_rate
-from p2p_diloco.zmqbase import HANDSHAKE_FAILED, client_context, swarm_keys
+from p2p_diloco.errors import (
+    AuthRefused, BadPayload, ConnectionLost, ProtocolError, ProtocolMismatch, TransportError, TransportTimeout,
+    VersionGone
+)
+from p2p_diloco.exchange import flowcontrol, payload, wire
+from p2p_diloco.exchange.linkemu import Pacer, link_rate
+from p2p_diloco.exchange.sockets import HANDSHAKE_FAILED, client_context, swarm_keys
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """`p2p-diloco bench transport`: the state exchange between two processes on 127.0.0.1, measured
 against a bare ZeroMQ transfer of the same bytes between the same two processes in the same run.
 
-The server process (`python -m p2p_diloco.bench_transport serve ...`) publishes `params` random
+The server process (`python -m p2p_diloco.bench.transport serve ...`) publishes `params` random
 fp32 values as one tensor and serves them three ways: the protocol without emulation, the protocol
 behind an emulated link (when asked), and bare ZeroMQ (the physical reference: one request, the
 whole encoded buffer back as one zero-copy frame, or with `raw="stream"` a pipelined stream of
@@ -78,9 +78,10 @@ def serve(params: int, compression: str, latency_ms: float, bandwidth_mbps: floa
     import torch
     import zmq
 
-    from p2p_diloco import codecs, payload
     from p2p_diloco.config import NetworkConfig
-    from p2p_diloco.transport import SnapshotServer
+    from p2p_diloco.core import codecs
+    from p2p_diloco.exchange import payload
+    from p2p_diloco.exchange.server import SnapshotServer
 
     torch.set_num_threads(1)
     phi = torch.randn(params, generator=torch.Generator().manual_seed(0))
@@ -121,7 +122,7 @@ def measure_memory(endpoint: str, compression: str, secret: str | None) -> dict[
     import torch
 
     from p2p_diloco.config import NetworkConfig
-    from p2p_diloco.fetcher import Fetcher
+    from p2p_diloco.exchange.client import Fetcher
 
     torch.set_num_threads(1)
     with Fetcher(endpoint, NetworkConfig(compression=compression, secret=secret)) as f:
@@ -154,11 +155,11 @@ def run(params: int, compression: str = "fp32", latency_ms: float = 0.0, bandwid
     import torch
 
     from p2p_diloco.config import NetworkConfig
-    from p2p_diloco.transport import fetch
+    from p2p_diloco.exchange.client import fetch
 
     torch.set_num_threads(1)
     say = log or (lambda msg: None)
-    args = [sys.executable, "-m", "p2p_diloco.bench_transport", "serve", "--params", str(params),
+    args = [sys.executable, "-m", "p2p_diloco.bench.transport", "serve", "--params", str(params),
             "--compression", compression, "--latency-ms", str(latency_ms)]
     args += ["--bandwidth-mbps", str(bandwidth_mbps)] if bandwidth_mbps else []
     env = dict(os.environ, OMP_NUM_THREADS="1", **({"P2P_DILOCO_BENCH_SECRET": secret} if secret else {}))
@@ -203,7 +204,7 @@ def run(params: int, compression: str = "fp32", latency_ms: float = 0.0, bandwid
                                "link_utilization": b.stats.transfer_bytes_per_s / rate if rate else None}
             details["emulated_s"] = [s.seconds for s in runs]
         if memory:
-            mem = subprocess.run([sys.executable, "-m", "p2p_diloco.bench_transport", "memory", eps["plain"],
+            mem = subprocess.run([sys.executable, "-m", "p2p_diloco.bench.transport", "memory", eps["plain"],
                                   "--compression", compression], env=env, capture_output=True, text=True, timeout=600)
             if mem.returncode:
                 raise RuntimeError(f"memory measurement failed: {mem.stderr[-2000:]}")
@@ -224,7 +225,7 @@ def run(params: int, compression: str = "fp32", latency_ms: float = 0.0, bandwid
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m p2p_diloco.bench_transport")
+    p = argparse.ArgumentParser(prog="python -m p2p_diloco.bench.transport")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve")
     s.add_argument("--params", type=int, required=True)

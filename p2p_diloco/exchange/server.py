@@ -7,8 +7,7 @@ on the network; `publish()` swaps in a new snapshot atomically and keeps the pre
 socket (`MAXMSGSIZE`) before it is parsed; a bad one gets an ERROR reply and a logged reason, and
 the server carries on. Payload chunks are zero-copy slices of the snapshot buffer.
 
-The fetching side (DEALER) lives in `fetcher.py`; `fetch`, `fetch_manifest`, `Fetcher` and
-`Snapshot` are re-exported here so callers can import one module.
+The fetching side (DEALER) lives in `client.py`.
 
 Swarm secret: the server demands CURVE with keys derived from the secret, and a ZAP handler admits
 only the derived client key (see `zmqbase.py`): a peer without the secret can neither read state
@@ -31,13 +30,13 @@ import zmq
 import zmq.auth.thread
 from zmq.utils.monitor import recv_monitor_message
 
-from p2p_diloco import payload, wire
 from p2p_diloco.config import NetworkConfig
 from p2p_diloco.errors import ProtocolError, ProtocolMismatch, TransportError
-from p2p_diloco.fetcher import Fetcher, Snapshot, fetch, fetch_manifest  # the fetching side, re-exported
-from p2p_diloco.linkemu import Pacer, link_rate
-from p2p_diloco.zmqbase import (HANDSHAKE_FAILED, ZAP_DOMAIN, AllowClientKey, RateLimitedLog, swarm_keys,
-                                tcp_bind_address)
+from p2p_diloco.exchange import payload, wire
+from p2p_diloco.exchange.linkemu import Pacer, link_rate
+from p2p_diloco.exchange.sockets import (
+    HANDSHAKE_FAILED, ZAP_DOMAIN, AllowClientKey, RateLimitedLog, swarm_keys, tcp_bind_address
+)
 
 log = logging.getLogger(__name__)
 
@@ -285,4 +284,3 @@ class SnapshotServer:
                                            payload=snap.view[off : off + length]))
 
 
-__all__ = ["SnapshotServer", "Fetcher", "Snapshot", "fetch", "fetch_manifest"]

@@ -2,7 +2,7 @@
 
 When libp2p cannot run, membership travels over ZeroMQ instead of the DHT. The bootstrap node runs
 a `RendezvousServer` (a ROUTER socket) where islands register and heartbeat; every island also
-answers the same request on its own peer-exchange socket (`p2p_diloco.peer_exchange`), so member
+answers the same request on its own peer-exchange socket (`p2p_diloco.discovery.peer_exchange`), so member
 lists spread island to island and the swarm outlives its bootstrap node.
 
 Sockets: the design keeps sockets in the transport module, but discovery has to work before any
@@ -34,8 +34,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from p2p_diloco.discovery.records import ENDPOINT_RE, PEER_ID_RE, IslandRecord, fingerprint
 from p2p_diloco.errors import DiscoveryError
-from p2p_diloco.membership import ENDPOINT_RE, PEER_ID_RE, IslandRecord, fingerprint
 
 logger = logging.getLogger(__name__)
 

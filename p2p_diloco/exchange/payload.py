@@ -21,9 +21,12 @@ from typing import Any
 import torch
 import xxhash
 
-from p2p_diloco import codecs
+from p2p_diloco.core import codecs
 from p2p_diloco.errors import BadPayload, ProtocolError
-from p2p_diloco.wire import DIGEST_SIZE, MAX_NAME, MAX_TENSORS, Manifest, TensorSpec, align_up, check_meta, choose_block
+from p2p_diloco.exchange.wire import (
+    DIGEST_SIZE, MAX_NAME, MAX_TENSORS, Manifest, TensorSpec, align_up, check_meta, choose_block
+)
+
 
 def block_digests(buf: memoryview, block: int) -> bytes:
     """Concatenated XXH3-128 digests of each `block`-byte block of `buf` (the last may be short).

@@ -12,9 +12,9 @@ import torch
 from torch.nn.utils import parameters_to_vector
 
 from p2p_diloco.config import DiLoCoConfig, TrainConfig
-from p2p_diloco.data import BatchSampler
-from p2p_diloco.inner import InnerLoop
-from p2p_diloco.outer import OuterState, PartnerState, mixing_weight, outer_update, shift_toward
+from p2p_diloco.core.data import BatchSampler
+from p2p_diloco.core.inner import InnerLoop
+from p2p_diloco.core.outer import OuterState, PartnerState, mixing_weight, outer_update, shift_toward
 
 
 @torch.no_grad()

@@ -15,9 +15,9 @@ import math
 
 import torch
 
+from p2p_diloco.config import CODECS
 from p2p_diloco.errors import CodecError
 
-CODECS = ("fp32", "bf16", "fp16", "int8")
 INT8_BLOCK = 256
 
 

@@ -25,11 +25,12 @@ import zmq
 
 from p2p_diloco import addresses
 from p2p_diloco.config import DiscoveryConfig
-from p2p_diloco.errors import DiscoveryError
-from p2p_diloco.membership import BackgroundMembership, IslandRecord
-from p2p_diloco.rendezvous import (
-    MAX_MESSAGE_BYTES, Entry, MemberTable, SigningKey, answer_sync, decode, encode, pick_entries,
+from p2p_diloco.discovery.membership import BackgroundMembership
+from p2p_diloco.discovery.records import IslandRecord
+from p2p_diloco.discovery.rendezvous import (
+    MAX_MESSAGE_BYTES, Entry, MemberTable, SigningKey, answer_sync, decode, encode, pick_entries
 )
+from p2p_diloco.errors import DiscoveryError
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,79 @@
+"""`p2p-diloco bench transport|swarm`: the measurements BENCHMARKS.md quotes, each printed by one command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from p2p_diloco.cli.options import codec_option, user_errors
+from p2p_diloco.config import DiLoCoConfig, SimConfig
+
+
+@click.group()
+def bench() -> None:
+    """Measure parts of the system and print the figures quoted in BENCHMARKS.md."""
+
+
+@bench.command("transport")
+@click.option("--params", type=click.IntRange(1, 2_000_000_000), default=50_000_000, show_default=True,
+              help="fp32 values in the published state (50M = 200 MB).")
+@codec_option("fp32", help="Payload codec.")
+@click.option("--latency-ms", type=click.FloatRange(0, 10_000), default=0.0, show_default=True,
+              help="Emulated one-way latency for an extra, emulated fetch.")
+@click.option("--bandwidth-mbps", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Emulated link rate in Mbit/s for an extra, emulated fetch.")
+@click.option("--repeat", type=click.IntRange(1, 20), default=5, show_default=True, help="Timed runs (best is reported).")
+@click.option("--raw", type=click.Choice(["message", "stream"]), default="message", show_default=True,
+              help="Bare ZeroMQ reference: one whole-buffer message, or a pipelined stream of 4 MiB frames.")
+@click.option("--secret", default=None, help="Swarm secret for the protocol runs (CurveZMQ).")
+@click.option("--memory/--no-memory", default=True, show_default=True,
+              help="Also measure the fetcher's peak extra memory in a fresh process.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout; details go to stderr.")
+def bench_transport(params, compression, latency_ms, bandwidth_mbps, repeat, raw, secret, memory, as_json):
+    """State transfer between two processes on 127.0.0.1 against bare ZeroMQ in the same run."""
+    from p2p_diloco.bench.transport import run
+
+    with user_errors():
+        out = run(params, compression, latency_ms, bandwidth_mbps, repeat=repeat, raw=raw, secret=secret,
+                  memory=memory, log=lambda msg: click.echo(msg, err=True))
+    out.pop("details")
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    click.echo(f"{out['bytes']} bytes in {out['fetch_s']:.3f} s: {out['bytes_per_s'] / 1e6:.1f} MB/s, "
+               f"bare ZeroMQ {out['raw_zmq_bytes_per_s'] / 1e6:.1f} MB/s, ratio {out['ratio_to_raw']:.3f}")
+    if out["emulated"]:
+        e = out["emulated"]
+        click.echo(f"emulated {e['latency_ms']} ms / {e['bandwidth_mbps']} Mbit/s: end-to-end {e['bytes_per_s'] / 1e6:.1f} "
+                   f"MB/s, link utilization {e['link_utilization']}")
+
+
+@bench.command("swarm")
+@click.option("--islands", "-k", type=click.IntRange(2, 16), default=SimConfig.islands, show_default=True)
+@click.option("--tokens", type=int, default=SimConfig.tokens, show_default=True, help="Total tokens over all islands.")
+@click.option("--latency-ms", type=float, default=SimConfig.latency_ms, show_default=True, help="Emulated one-way latency.")
+@click.option("--bandwidth-mbps", type=float, default=SimConfig.bandwidth_mbps, show_default=True, help="Emulated link bandwidth.")
+@codec_option(SimConfig.compression)
+@click.option("--local-steps", "-H", type=int, default=DiLoCoConfig.local_steps, show_default=True, help="H (the join default).")
+@click.option("--runs", type=click.IntRange(1, 20), default=1, show_default=True,
+              help="Run the swarm this many times and report the mean loss (the simulations run once).")
+@click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the islands' files here.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_steps, runs, workdir, as_json) -> None:
+    """Real islands on loopback over an emulated WAN, against the simulator and data parallel."""
+    from p2p_diloco.bench.swarm import run_bench_swarm
+
+    out = run_bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_steps,
+                          Path(workdir) if workdir else None, runs)
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    for k, v in out.items():
+        if k != "per_run":
+            click.echo(f"{k:>24}: {v}")
+    for k, r in enumerate(out["per_run"]):
+        click.echo(f"{'run ' + str(k):>24}: eval loss {r['swarm_eval_loss']:.4f} (x{r['ratio_to_dp']:.4f} dp), islands "
+                   f"{', '.join(f'{x:.4f}' for x in r['per_island_eval_loss'])}, utilization "
+                   f"{min(r['utilization']):.3f}-{max(r['utilization']):.3f}, {r['bytes_moved']:,} bytes, {r['workdir']}")

@@ -1,0 +1,59 @@
+"""`p2p-diloco bootstrap`: host a bootstrap node, the swarm's entry point (never a coordinator)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+
+import click
+
+from p2p_diloco.config import DISCOVERY_KINDS, DiscoveryConfig
+from p2p_diloco.errors import P2PDiLoCoError
+
+
+@click.command()
+@click.option("--host", default=DiscoveryConfig.host, show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=0, show_default=True, help="DHT port (0: any free one); the rendezvous takes PORT+1.")
+@click.option("--identity", type=click.Path(dir_okay=False), required=True,
+              help="Private key file, created on first start; the same file keeps the same peer id.")
+@click.option("--addr-file", type=click.Path(dir_okay=False), default=None, help="Also write the addresses here, one per line.")
+@click.option("--rendezvous-port", type=int, default=None, help="Port of the ZeroMQ rendezvous (default: DHT port + 1).")
+@click.option("--announce-host", default=DiscoveryConfig.announce_host, help="Address islands should dial (needed with --host 0.0.0.0).")
+@click.option("--discovery", type=click.Choice(DISCOVERY_KINDS), default=DiscoveryConfig.discovery, show_default=True,
+              help="auto: DHT node and rendezvous (rendezvous only if libp2p fails); dht: DHT only; zmq: rendezvous only.")
+def bootstrap(host, port, identity, addr_file, rendezvous_port, announce_host, discovery):
+    """Host a bootstrap node and print the addresses islands pass to --bootstrap."""
+    from p2p_diloco.bootstrap import BootstrapNode
+
+    if logging.getLogger().level > logging.INFO:
+        logging.getLogger().setLevel(logging.INFO)  # the join/leave log is what a bootstrap node is watched for
+    try:
+        node = BootstrapNode(host=host, port=port, identity=identity, rendezvous_port=rendezvous_port,
+                             discovery=discovery, announce_host=announce_host)
+        addrs = node.start()
+    except P2PDiLoCoError as e:
+        raise click.ClickException(str(e)) from e
+    stop, received = threading.Event(), []
+
+    def on_signal(signum, _frame):  # installed after start(): the forked DHT process keeps default handlers
+        received.append(signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        for addr in addrs:
+            click.echo(addr)
+        if addr_file:
+            tmp = f"{addr_file}.tmp"
+            with open(tmp, "w") as f:
+                f.write("\n".join(addrs) + "\n")
+            os.replace(tmp, addr_file)
+        node.run_until(stop)
+    finally:
+        node.shutdown()
+    if received and received[0] == signal.SIGINT:
+        sys.exit(130)

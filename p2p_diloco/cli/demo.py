@@ -1,0 +1,54 @@
+"""`p2p-diloco demo`: a local swarm of real processes on 127.0.0.1, then a summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from p2p_diloco.peers.demo import DemoConfig
+
+
+@click.command()
+@click.option("--islands", "-k", type=click.IntRange(2, 16), default=DemoConfig.islands, show_default=True,
+              help="Number of islands.")
+@click.option("--minutes", type=float, default=DemoConfig.minutes, show_default=True, help="Training time of each island.")
+@click.option("--latency-ms", type=float, default=DemoConfig.latency_ms, show_default=True, help="Emulated one-way link latency.")
+@click.option("--bandwidth-mbps", type=float, default=DemoConfig.bandwidth_mbps, help="Emulated link bandwidth, Mbit/s.")
+@click.option("--compare", is_flag=True, help="Also train the data-parallel baseline at the same tokens.")
+@click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep logs, metrics and checkpoints here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+def demo(islands, minutes, latency_ms, bandwidth_mbps, compare, workdir, as_json) -> None:
+    """Run a local swarm: a bootstrap node and islands as processes on 127.0.0.1, then a summary."""
+    from p2p_diloco.peers.demo import run_demo
+    from p2p_diloco.tui.launch import should_use_dashboard
+
+    cfg = DemoConfig(islands=islands, minutes=minutes, latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps,
+                     compare=compare, workdir=Path(workdir) if workdir else None,
+                     dashboard=not as_json and should_use_dashboard())
+    try:
+        summary = run_demo(cfg)
+    except KeyboardInterrupt:
+        raise SystemExit(130)
+    except RuntimeError as e:
+        raise click.ClickException(str(e)) from e
+    if as_json:
+        click.echo(json.dumps(summary))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{islands} islands, {minutes:g} minutes each")
+    for col in ("island", "loss at start", "eval loss", "tokens", "version", "utilization"):
+        table.add_column(col, justify="right")
+    for r in summary["islands"]:
+        table.add_row(r["id"], f"{r['initial_loss']:.3f}", f"{r['eval_loss']:.3f}", f"{r['tokens']:,}", str(r["version"]),
+                      f"{r['utilization']:.3f}")
+    console = Console()
+    console.print(table)
+    if summary["baseline_eval_loss"] is not None:
+        console.print(f"data-parallel baseline at the same tokens: eval loss {summary['baseline_eval_loss']:.3f}")
+    console.print(f"bytes moved between islands: {summary['bytes_moved'] / 1e6:.1f} MB   (logs: {summary['workdir']})")
+    console.print("sample:", style="bold")
+    console.print(summary["sample"], markup=False, highlight=False)

@@ -1,0 +1,91 @@
+"""`p2p-diloco join`: start an island (also as one rank of a torchrun group)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from p2p_diloco.cli.options import (
+    build_configs, diloco_options, discovery_config, discovery_options, model_options, network_config, network_options,
+    user_errors
+)
+from p2p_diloco.config import DiLoCoConfig, IslandConfig, TrainConfig
+
+I = IslandConfig
+
+
+@click.command()
+@discovery_options()
+@model_options
+@diloco_options
+@network_options
+@click.option("--round-seconds", type=float, default=DiLoCoConfig.round_seconds, help="Time budget of one round's inner steps.")
+@click.option("--run-dir", type=click.Path(file_okay=False), default=str(I.run_dir), show_default=True,
+              help="Folder for metrics.jsonl and checkpoints.")
+@click.option("--max-tokens", type=int, default=I.max_tokens, help="Stop after this island trained this many tokens.")
+@click.option("--max-rounds", type=int, default=I.max_rounds, help="Stop after this many rounds.")
+@click.option("--max-seconds", type=float, default=I.max_seconds, help="Stop after this many seconds of training.")
+@click.option("--resume", is_flag=True, default=I.resume, help="Continue from the last checkpoint in --run-dir.")
+@click.option("--same-version-wait", type=click.FloatRange(0.0, 1.0), default=I.same_version_wait, show_default=True,
+              help="Share of a round spent waiting for a partner (not one of the last two) to publish this "
+                   "island's version before taking what it has.")
+@click.option("--max-stretch", type=click.FloatRange(0.0, 1.0), default=I.max_stretch, show_default=True,
+              help="An island ahead of most others trains on past H, by up to this share of H, until its "
+                   "rounds end with theirs (0: off).")
+@click.option("--wait-for", type=click.IntRange(min=1), default=I.wait_for, show_default=True,
+              help=f"Before the first round, wait (up to {I.join_timeout_s:g} s) until this many islands, this one "
+                   "included, are in the run.")
+@click.option("--host", default=I.bind_host, show_default=True, help="Address to bind the snapshot server and DHT node.")
+@click.option("--announce", "announce_host", default=I.announce_host,
+              help="Address others should dial (when --host is not reachable as such).")
+@click.option("--port", type=int, default=I.port, show_default=True, help="Snapshot server port (0: any free port).")
+@click.option("--seed", type=int, default=TrainConfig.seed, show_default=True,
+              help="Run seed: the initial weights every island shares.")
+@click.option("--threads", type=int, default=1, show_default=True, help="torch threads for this island.")
+@click.option("--eval-every", type=int, default=I.eval_every, show_default=True, help="Rounds between held-out evaluations.")
+@click.option("--checkpoint-every", type=int, default=I.checkpoint_every, show_default=True, help="Rounds between checkpoints.")
+@click.option("--name", default=I.name, help="Label for the progress line.")
+@click.option("--quiet", is_flag=True, default=I.quiet, help="No progress lines.")
+@click.option("--json", "as_json", is_flag=True, help="Print the island's summary as JSON at exit.")
+@click.option("--slowdown", type=click.FloatRange(min=1.0), default=I.slowdown, hidden=True,
+              help="Fault injection: run this many times slower than the machine allows.")
+def join(**kw) -> None:
+    """Start an island: find the swarm, train rounds, gossip with partners, checkpoint."""
+    import torch
+
+    from p2p_diloco.peers.runner import run_island
+
+    torch.set_num_threads(kw.pop("threads"))
+    with user_errors():
+        discovery = discovery_config(kw.pop("bootstrap"), kw.pop("run_id"), kw.pop("discovery"),
+                                     host=kw["host"], announce_host=kw["announce_host"])
+        data, as_json = kw.pop("data"), kw.pop("as_json")
+        model, train, diloco = build_configs(kw)
+        diloco = dataclasses.replace(diloco, round_seconds=kw.pop("round_seconds"))
+        train = _schedule_length(train, model.resolved()["block_size"], diloco, kw["max_tokens"], kw["max_rounds"])
+        network = network_config(kw)
+        island = IslandConfig(run_dir=Path(kw["run_dir"]), bind_host=kw["host"], announce_host=kw["announce_host"],
+                              port=kw["port"], max_tokens=kw["max_tokens"], max_rounds=kw["max_rounds"],
+                              max_seconds=kw["max_seconds"], resume=kw["resume"], eval_every=kw["eval_every"],
+                              checkpoint_every=kw["checkpoint_every"], name=kw["name"], quiet=kw["quiet"],
+                              slowdown=kw["slowdown"], wait_for=kw["wait_for"],
+                              same_version_wait=kw["same_version_wait"], max_stretch=kw["max_stretch"])
+        code, summary = run_island(island, model, train, diloco, network, discovery, data)
+    if as_json and summary:  # ranks other than 0 of a torchrun island have no summary
+        click.echo(json.dumps(summary))
+    sys.exit(code)
+
+
+def _schedule_length(train: TrainConfig, block_size: int, diloco: DiLoCoConfig, max_tokens: int | None,
+                     max_rounds: int | None) -> TrainConfig:
+    """The inner cosine schedule spans the island's budget when it has one in tokens or rounds (a
+    time budget is sized from the first round's speed, in the runner)."""
+    if max_tokens:
+        return dataclasses.replace(train, total_steps=max(1, max_tokens // (train.batch_size * block_size)))
+    if max_rounds:
+        return dataclasses.replace(train, total_steps=max_rounds * diloco.local_steps)
+    return train

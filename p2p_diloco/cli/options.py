@@ -1,0 +1,149 @@
+"""click options and helpers shared by the commands: one decorator per group of options.
+
+Every option that sets a config field takes its default from that field (`p2p_diloco.config`), so
+a default is written once; lists of choices come from the config's constants. Only click and the
+torch-free config are imported here, so `p2p-diloco --help` stays instant.
+
+`join`, `status` and the dashboard take the same `--bootstrap` (repeatable), `--run-id` and
+`--discovery` (`discovery_options`); the environment variables `P2P_DILOCO_BOOTSTRAP`
+(space-separated), `P2P_DILOCO_RUN_ID` and `P2P_DILOCO_DISCOVERY` apply to all of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import click
+
+from p2p_diloco.config import (
+    CODECS, DISCOVERY_KINDS, MIX_TIMES, MODEL_PRESETS, MOMENTUM_MODES, DiLoCoConfig, DiscoveryConfig, ModelConfig,
+    NetworkConfig, TrainConfig
+)
+from p2p_diloco.errors import ConfigError, P2PDiLoCoError
+
+D, M, N, T = DiLoCoConfig, ModelConfig, NetworkConfig, TrainConfig
+
+
+def csv(kind: type) -> Callable:
+    """click callback: parse a comma-separated list into a tuple of `kind`."""
+
+    def parse(_ctx, param, value):
+        if value is None or isinstance(value, tuple):
+            return value
+        try:
+            return tuple(kind(v.strip()) for v in str(value).split(",") if v.strip())
+        except ValueError as e:
+            raise click.BadParameter(f"expected a comma-separated list: {e}", param=param) from e
+
+    return parse
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """The project's own errors become readable click errors (no traceback)."""
+    try:
+        yield
+    except P2PDiLoCoError as e:
+        raise click.ClickException(str(e)) from e
+
+
+def codec_option(default: str = N.compression, help: str = "Codec of every exchanged state.") -> Callable:
+    return click.option("--compression", type=click.Choice(CODECS), default=default, show_default=True, help=help)
+
+
+def model_options(f: Callable) -> Callable:
+    """Options shared by every command that builds a model and reads data."""
+    f = click.option("--model", "model_size", type=click.Choice(sorted(MODEL_PRESETS)), default=M.size,
+                     show_default=True, help="Model preset.")(f)
+    f = click.option("--n-layer", type=int, default=M.n_layer, help="Override the preset's number of blocks.")(f)
+    f = click.option("--n-embd", type=int, default=M.n_embd, help="Override the preset's width.")(f)
+    f = click.option("--n-head", type=int, default=M.n_head, help="Override the preset's attention heads.")(f)
+    f = click.option("--block-size", type=int, default=M.block_size, help="Override the preset's context length.")(f)
+    f = click.option("--data", type=click.Path(), default=None,
+                     help="Text file or folder of text files (default: this Python's standard-library sources).")(f)
+    f = click.option("--batch-size", type=int, default=T.batch_size, show_default=True, help="Sequences per inner step.")(f)
+    f = click.option("--lr", type=float, default=T.lr, show_default=True, help="Peak inner AdamW learning rate.")(f)
+    return f
+
+
+def diloco_options(f: Callable) -> Callable:
+    """Options of the outer loop, shared by `simulate` and `join`."""
+    f = click.option("--local-steps", "-H", type=int, default=D.local_steps, show_default=True, help="H: inner steps per round.")(f)
+    f = click.option("--outer-lr", type=float, default=D.outer_lr, show_default=True, help="Outer Nesterov learning rate.")(f)
+    f = click.option("--outer-momentum", type=float, default=D.outer_momentum, show_default=True, help="Outer Nesterov momentum.")(f)
+    f = click.option("--momentum", type=click.Choice(MOMENTUM_MODES), default=D.momentum, show_default=True,
+                     help="Mix outer momentum with the partner's, or keep it local.")(f)
+    f = click.option("--mix-at", type=click.Choice(MIX_TIMES), default=D.mix_at, show_default=True,
+                     help="Mix a partner's state as soon as it arrives (anchor and weights), or at the end of the round.")(f)
+    f = click.option("--mix-weight", type=float, default=D.mix_weight, show_default=True,
+                     help="Partner weight at equal tokens and no staleness.")(f)
+    f = click.option("--mix-pseudo-gradient/--no-mix-pseudo-gradient", default=D.mix_pseudo_gradient, show_default=True,
+                     help="Average the pseudo-gradient with the partner's as well.")(f)
+    f = click.option("--max-staleness", type=int, default=D.max_staleness, show_default=True,
+                     help="Skip partners more than this many versions behind.")(f)
+    return f
+
+
+def network_options(f: Callable) -> Callable:
+    """Options of the state exchange: codec, upload cap, link emulation, swarm secret, timeout."""
+    f = codec_option(help="Codec of the published state (the receiver always accumulates in fp32).")(f)
+    f = click.option("--max-upload-mbps", type=float, default=N.max_upload_mbps,
+                     help="Cap on what this island's server sends, Mbit/s.")(f)
+    f = click.option("--latency-ms", type=float, default=N.latency_ms, show_default=True, help="Emulated one-way link latency.")(f)
+    f = click.option("--bandwidth-mbps", type=float, default=N.bandwidth_mbps, help="Emulated link bandwidth, Mbit/s.")(f)
+    f = click.option("--secret", default=N.secret, envvar="P2P_DILOCO_SECRET",
+                     help="Swarm secret; islands without it can neither fetch nor inject state.")(f)
+    f = click.option("--fetch-timeout", type=float, default=N.fetch_timeout_s, show_default=True,
+                     help="Give up on a partner that sends nothing for this many seconds.")(f)
+    return f
+
+
+def build_configs(kw: dict) -> tuple[ModelConfig, TrainConfig, DiLoCoConfig]:
+    """Turn parsed model/train/outer options into validated config dataclasses (pops what it uses)."""
+    model = ModelConfig(size=kw.pop("model_size"), n_layer=kw.pop("n_layer"), n_embd=kw.pop("n_embd"),
+                        n_head=kw.pop("n_head"), block_size=kw.pop("block_size"))
+    train = TrainConfig(batch_size=kw.pop("batch_size"), lr=kw.pop("lr"), seed=kw.get("seed", T.seed))
+    diloco = DiLoCoConfig(local_steps=kw.pop("local_steps"), outer_lr=kw.pop("outer_lr"),
+                          outer_momentum=kw.pop("outer_momentum"), momentum=kw.pop("momentum"),
+                          mix_at=kw.pop("mix_at"), mix_weight=kw.pop("mix_weight"),
+                          mix_pseudo_gradient=kw.pop("mix_pseudo_gradient"), max_staleness=kw.pop("max_staleness"))
+    return model, train, diloco
+
+
+def network_config(kw: dict) -> NetworkConfig:
+    """A validated `NetworkConfig` from the `network_options` (pops what it uses)."""
+    return NetworkConfig(compression=kw.pop("compression"), max_upload_mbps=kw.pop("max_upload_mbps"),
+                         latency_ms=kw.pop("latency_ms"), bandwidth_mbps=kw.pop("bandwidth_mbps"),
+                         secret=kw.pop("secret"), fetch_timeout_s=kw.pop("fetch_timeout"))
+
+
+def discovery_kind_option(help: str) -> Callable:
+    return click.option("--discovery", type=click.Choice(DISCOVERY_KINDS), default=DiscoveryConfig.discovery,
+                        show_default=True, envvar="P2P_DILOCO_DISCOVERY", help=help)
+
+
+def discovery_options(required: bool = False) -> Callable:
+    """`--bootstrap`, `--run-id` and `--discovery` in one decorator."""
+    bootstrap = click.option(
+        "--bootstrap", "bootstrap", multiple=True, required=required, metavar="ADDR", envvar="P2P_DILOCO_BOOTSTRAP",
+        help="Bootstrap address, repeatable: the /ip4/.../p2p/... multiaddr or the tcp://HOST:PORT rendezvous "
+             "that `p2p-diloco bootstrap` prints. Joining works if any of them answers.",
+    )
+    run_id = click.option("--run-id", default=DiscoveryConfig.run_id, show_default=True, envvar="P2P_DILOCO_RUN_ID",
+                          help="Name of the training run (runs sharing a bootstrap node never see each other).")
+    kind = discovery_kind_option("dht: hivemind DHT; zmq: ZeroMQ rendezvous and peer exchange (no libp2p); "
+                                 "auto: the DHT, or ZeroMQ with a warning when the libp2p daemon cannot start.")
+
+    def decorate(f: Callable) -> Callable:
+        return bootstrap(run_id(kind(f)))
+
+    return decorate
+
+
+def discovery_config(bootstrap: tuple[str, ...], run_id: str, discovery: str, **fields: Any) -> DiscoveryConfig:
+    """A validated `DiscoveryConfig`; a bad value becomes a click usage error."""
+    try:
+        return DiscoveryConfig(bootstrap=tuple(bootstrap), run_id=run_id, discovery=discovery, **fields)
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from e

@@ -1,0 +1,62 @@
+"""How islands find each other: records, the membership interface, and the factory of back-ends.
+
+Two back-ends keep one run's member list: the hivemind DHT (`dht`, the default) and, where the
+libp2p daemon cannot run, a ZeroMQ rendezvous with peer exchange (`rendezvous`, `peer_exchange`).
+Both implement `membership.Membership` and carry `records.IslandRecord`; `observer` watches a run
+from a child process, so a reader that must stay light (the dashboard) never loads hivemind.
+
+This module is the factory: it picks a back-end for a `DiscoveryConfig` and imports it only then,
+so importing anything under `p2p_diloco.discovery` costs no hivemind, torch or zmq. The back-ends
+import the interface (`membership`, `records`), never this factory.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from p2p_diloco.addresses import dht_multiaddrs
+from p2p_diloco.errors import DiscoveryError
+
+if TYPE_CHECKING:
+    from p2p_diloco.config import DiscoveryConfig
+    from p2p_diloco.discovery.membership import Membership
+
+logger = logging.getLogger(__name__)
+
+
+def choose_backend(config: DiscoveryConfig) -> str:
+    """`dht` or `zmq` for this config (with `auto`, `dht` means: try it, fall back if libp2p fails)."""
+    has_multiaddr = bool(dht_multiaddrs(config.bootstrap))
+    if config.discovery == "zmq":
+        return "zmq"
+    if config.discovery == "dht":
+        if config.bootstrap and not has_multiaddr:
+            raise DiscoveryError(
+                "--discovery dht needs a DHT multiaddr (/ip4/HOST/tcp/PORT/p2p/PEER_ID); "
+                "tcp:// addresses are ZeroMQ rendezvous addresses (use --discovery zmq or auto)"
+            )
+        return "dht"
+    return "dht" if has_multiaddr or not config.bootstrap else "zmq"
+
+
+def open_membership(config: DiscoveryConfig, *, observer: bool = False) -> Membership:
+    """Join (or, with `observer=True`, only watch) the run described by `config`.
+
+    `config.discovery` picks the back-end: `dht`, `zmq`, or `auto` (the DHT when a multiaddr is
+    given and the libp2p daemon starts, otherwise the ZeroMQ fallback, with a warning naming the
+    reason). Raises `DiscoveryError` when no bootstrap address answers within
+    `config.connect_timeout` seconds.
+    """
+    if choose_backend(config) == "dht":
+        from p2p_diloco.discovery import dht
+
+        try:
+            return dht.DhtMembership(config, observer=observer)
+        except dht.DaemonUnavailable as e:
+            if config.discovery != "auto":
+                raise DiscoveryError(f"the libp2p daemon could not start: {e}") from e
+            logger.warning("the libp2p daemon could not start (%s); using the ZeroMQ fallback for discovery", e)
+    from p2p_diloco.discovery import peer_exchange
+
+    return peer_exchange.ZmqMembership(config, observer=observer)

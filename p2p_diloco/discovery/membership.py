@@ -1,0 +1,153 @@
+"""The membership interface both discovery back-ends implement, and the facade they share.
+
+Both back-ends follow hivemind's `ProgressTracker`: one record per peer under a shared per-run
+key, the peer id as subkey, an expiry that a background thread keeps pushing forward, and a
+tombstone (`None`) on a clean leave. `Membership` is what islands, `status` and the dashboard
+use; `BackgroundMembership` holds what the two back-ends (`dht`, `peer_exchange`) share: the own
+record, leaving, refreshing on demand, shutting down, and the join/leave log of the view.
+
+Plain Python (no hivemind, no torch, no zmq): the factory that picks a back-end is
+`p2p_diloco.discovery.open_membership`.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+
+from p2p_diloco.discovery.records import IslandRecord
+from p2p_diloco.errors import DiscoveryError
+
+logger = logging.getLogger(__name__)
+
+
+class Membership(abc.ABC):
+    """The live member list of one run, behind a synchronous facade.
+
+    A background thread keeps the own record fresh and the view of the others current; no method
+    waits on the network for longer than a short, bounded time.
+    """
+
+    kind: str
+    """`"dht"` or `"zmq"`."""
+
+    @property
+    @abc.abstractmethod
+    def peer_id(self) -> str:
+        """The id this member announces under (records must carry it)."""
+
+    @abc.abstractmethod
+    def announce(self, record: IslandRecord) -> None:
+        """Set or replace the own record; it is stored soon and refreshed until `leave`."""
+
+    @abc.abstractmethod
+    def members(self) -> dict[str, IslandRecord]:
+        """Live members by peer id, own record included; expired and departed ones are absent."""
+
+    @abc.abstractmethod
+    def refresh(self, timeout: float = 10.0) -> dict[str, IslandRecord]:
+        """Read the member list from the network now (at most `timeout` seconds), then `members()`."""
+
+    @abc.abstractmethod
+    def leave(self) -> None:
+        """Withdraw the own record so that it disappears from everyone's view at once."""
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Stop the background work and release sockets and processes (idempotent)."""
+
+    def _check_own(self, record: IslandRecord) -> None:
+        if not isinstance(record, IslandRecord):
+            raise TypeError(f"announce() takes an IslandRecord, got {type(record).__name__}")
+        if record.peer_id != self.peer_id:
+            raise DiscoveryError(f"record peer_id {record.peer_id!r} is not this member's id {self.peer_id!r}")
+
+    def __enter__(self) -> Membership:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+class BackgroundMembership(Membership):
+    """The facade both back-ends share: the own record and leaving, in front of a background thread.
+
+    A subclass's `__init__` sets `_lock`, `_record`, `_dirty`, `_left`, `_leave_requested`,
+    `_left_event`, `_stop`, `_polls`, `_poll_done` (a condition on `_lock`), `observer` and
+    `_thread`, and implements `_live_records()` (the others' records, under the lock) and
+    `_request_poll()`. `_kick()` wakes the thread when it sleeps on an event; `_announced(first)`
+    runs under the lock when a record is set; `_after_stop()` releases what the thread did not own.
+    The thread stores `_record` while `_dirty`, sends the tombstone when `_leave_requested`, sets
+    `_left_event` once it is out, and counts `_polls` (notifying `_poll_done`) as it reads the swarm.
+    """
+
+    _leave_timeout: float = 5.0
+    _join_timeout: float = 10.0
+
+    @abc.abstractmethod
+    def _live_records(self) -> dict[str, IslandRecord]:
+        """The others' live records by peer id (called with `_lock` held)."""
+
+    @abc.abstractmethod
+    def _request_poll(self) -> int:
+        """Ask the thread for a fresh read of the swarm (with `_lock` held); returns how many
+        polls from now will include it."""
+
+    def _after_stop(self) -> None:
+        """After the thread has stopped (or was abandoned): release what it does not own."""
+
+    def _kick(self) -> None:
+        """Wake the background thread (no-op for a thread that polls)."""
+
+    def _announced(self, first: bool) -> None:
+        """Called under the lock when a record is set; `first` on the very first one."""
+
+    def announce(self, record: IslandRecord) -> None:
+        self._check_own(record)
+        if self.observer:
+            raise DiscoveryError("an observer cannot announce a record")
+        with self._lock:
+            if self._left:
+                raise DiscoveryError("announce() after leave()")
+            self._announced(self._record is None)
+            self._record, self._dirty = record, True
+        self._kick()
+
+    def members(self) -> dict[str, IslandRecord]:
+        with self._lock:
+            out = self._live_records()
+            out.pop(self.peer_id, None)
+            if self._record is not None and not self._left:
+                out[self.peer_id] = self._record
+        return out
+
+    def leave(self) -> None:
+        with self._lock:
+            if self._left or self._record is None or not self._thread.is_alive():
+                self._left = True
+                return
+            self._leave_requested = True
+        self._kick()
+        if not self._left_event.wait(timeout=self._leave_timeout):
+            logger.warning("leave: the tombstone was not sent within %.0f s", self._leave_timeout)
+
+    def refresh(self, timeout: float = 10.0) -> dict[str, IslandRecord]:
+        """Read the swarm now (waits at most `timeout`) and return `members()`."""
+        with self._lock:
+            target = self._polls + self._request_poll()
+        self._kick()
+        with self._poll_done:
+            self._poll_done.wait_for(lambda: self._polls >= target or self._stop.is_set(), timeout)
+        return self.members()
+
+    def shutdown(self) -> None:
+        if self._stop.is_set():
+            return
+        self.leave()
+        self._stop.set()
+        self._kick()
+        self._thread.join(timeout=self._join_timeout)
+        if self._thread.is_alive():
+            logger.warning("the %s membership thread did not stop within %.0f s; going on without it",
+                           self.kind, self._join_timeout)
+        self._after_stop()

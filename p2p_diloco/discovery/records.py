@@ -1,0 +1,127 @@
+"""The island record: what one island tells the swarm about itself, and its one validator.
+
+An island announces one `IslandRecord` (where it serves snapshots, how far it has trained, how its
+links behave) and reads everyone else's. Both discovery back-ends carry records in exactly this
+form and check every record they read with `IslandRecord.from_dict`, the only validator of the
+record (the DHT back-end runs it inside hivemind's record validation, `dht.IslandRecordValidator`).
+
+A peer id is the fingerprint of the key that signs the peer's records (`fingerprint`), so a
+reader can check that a record really belongs to the subkey it is stored under.
+
+Plain Python on purpose (no hivemind, no torch, no zmq): the dashboard and `status` read records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from p2p_diloco.errors import DiscoveryError
+
+STATES = ("joining", "training", "syncing", "leaving")
+MAX_INT = 2**62
+"""Upper bound of every counter in a record (versions, tokens, bytes)."""
+MAX_ENDPOINT_LEN = 256
+PEER_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+ENDPOINT_RE = re.compile(r"^tcp://[^\s/]{1,240}:[0-9]{1,5}$")
+FINGERPRINT_CHARS = 20
+"""Hex digits of sha256 kept in a peer id (80 bits)."""
+
+_INT_FIELDS = ("version", "tokens", "bytes_sent", "bytes_received")
+_FLOAT_FIELDS = ("tokens_per_s", "upload_bps", "download_bps", "started_at", "published_at", "timestamp")
+_OPTIONAL_FLOAT_FIELDS = ("loss", "eval_loss")
+
+
+def fingerprint(public_key: bytes) -> str:
+    """The peer id that belongs to a signing key: the first 80 bits of its sha256, in hex."""
+    return hashlib.sha256(public_key).hexdigest()[:FINGERPRINT_CHARS]
+
+
+def _bad(field: str, rule: str, value: Any) -> DiscoveryError:
+    shown = repr(value)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return DiscoveryError(f"island record field {field!r} must be {rule}, got {shown}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class IslandRecord:
+    """What one island tells the swarm about itself; every field is bounded and checked."""
+
+    peer_id: str
+    """Fingerprint of the island's signing key (see `Membership.peer_id`)."""
+    endpoint: str
+    """ZeroMQ address where the island serves its snapshots, `tcp://host:port`."""
+    version: int = 0
+    """Outer steps behind the island's current state."""
+    tokens: int = 0
+    """Tokens of training behind the island's current state."""
+    tokens_per_s: float = 0.0
+    """Recent inner-loop throughput."""
+    loss: float | None = None
+    """Last training loss (None before the first step)."""
+    eval_loss: float | None = None
+    """Last held-out loss (None until evaluated)."""
+    state: str = "joining"
+    """One of `STATES`."""
+    upload_bps: float = 0.0
+    """Measured upload rate, bytes per second."""
+    download_bps: float = 0.0
+    """Measured download rate, bytes per second."""
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    last_partner: str | None = None
+    """Peer id of the island last mixed with."""
+    started_at: float = 0.0
+    """Unix time the island started."""
+    published_at: float = 0.0
+    """Unix time the island published its current state (0 before its first round ended): a
+    round ends with a publish, so this is the phase of its rounds (`peers.pacing`)."""
+    timestamp: float = 0.0
+    """Unix time this record was made."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.peer_id, str) and PEER_ID_RE.match(self.peer_id)):
+            raise _bad("peer_id", "1-64 characters of [A-Za-z0-9_-]", self.peer_id)
+        if not (isinstance(self.endpoint, str) and len(self.endpoint) <= MAX_ENDPOINT_LEN and ENDPOINT_RE.match(self.endpoint)):
+            raise _bad("endpoint", "tcp://host:port (at most 256 characters)", self.endpoint)
+        for name in _INT_FIELDS:
+            v = getattr(self, name)
+            if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_INT):
+                raise _bad(name, f"an integer in [0, 2**62]", v)
+        for name in _FLOAT_FIELDS + _OPTIONAL_FLOAT_FIELDS:
+            v = getattr(self, name)
+            if v is None and name in _OPTIONAL_FLOAT_FIELDS:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise _bad(name, "a finite number" + (" or None" if name in _OPTIONAL_FLOAT_FIELDS else ""), v)
+            if name in _FLOAT_FIELDS and v < 0:
+                raise _bad(name, ">= 0", v)
+            object.__setattr__(self, name, float(v))  # ints become floats: the DHT schema is strict
+        if self.state not in STATES:
+            raise _bad("state", f"one of {STATES}", self.state)
+        if self.last_partner is not None and not (isinstance(self.last_partner, str) and PEER_ID_RE.match(self.last_partner)):
+            raise _bad("last_partner", "None or a peer id", self.last_partner)
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields, always (the DHT schema refuses a record with a field missing)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> IslandRecord:
+        """Build a record from untrusted data; unknown or missing fields raise `DiscoveryError`."""
+        if not isinstance(data, dict):
+            raise DiscoveryError(f"island record must be a mapping, got {type(data).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(str(k)[:40] for k in set(data) - names)
+        missing = sorted(names - set(data))
+        if unknown or missing:
+            raise DiscoveryError(f"island record has unknown fields {unknown} / missing fields {missing}")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> IslandRecord:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
