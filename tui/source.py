@@ -4,10 +4,10 @@ A source is plain Python with no widget code. `start(deliver)` hands it a callba
 message from it, so it is safe to call from any thread); `stop()` ends the delivery.
 
 - `MembershipSource` watches a live run: a background thread opens a read-only discovery observer
-  (`open_membership(config, observer=True)`) and reads `members()` every `interval` seconds. When
-  no bootstrap answers, or a read fails, it delivers a `disconnected` snapshot naming the reason
-  and keeps retrying; it never raises into the app. The back-end (and with the DHT, hivemind and
-  torch) is imported only when the observer is opened, so `tui` itself stays light.
+  in a child process (`ObserverProcess`: the DHT back-end would load hivemind and with it torch
+  into the dashboard) and reads `members()` every `interval` seconds. When no bootstrap answers,
+  or a read fails, it delivers a `disconnected` snapshot naming the reason and keeps retrying; it
+  never raises into the app.
 - `ReplaySource` plays a fixed list of snapshots, all at once or one per interval: the dashboard of
   a recorded run, and what the snapshot tests render with a frozen clock.
 """
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from p2p_diloco.discovery.membership import Membership
+from p2p_diloco.discovery.observer import ObserverProcess
 from p2p_diloco.discovery.records import IslandRecord
 
 if TYPE_CHECKING:
@@ -105,10 +106,9 @@ class MembershipSource(Source):
                 logger.info("the dashboard source is still connecting; it will close when that returns")
 
     def _open(self) -> Membership:
-        opener = self._opener
-        if opener is None:
-            from p2p_diloco.discovery import open_membership as opener
-        return opener(self.config, observer=True)
+        if self._opener is not None:
+            return self._opener(self.config, observer=True)
+        return ObserverProcess(self.config)
 
     def _run(self, deliver: Deliver) -> None:
         def send(records, status, detail="", kind=None):

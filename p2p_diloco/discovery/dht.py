@@ -1,4 +1,4 @@
-"""Membership over the hivemind DHT: signed, schema-checked island records under one key per run.
+"""Membership over the hivemind DHT: signed, checked island records under one key per run.
 
 This is the only module of `p2p_diloco` that imports hivemind. It follows hivemind's
 `ProgressTracker`: every island stores its `IslandRecord` under `"{run_id}.islands"` with its RSA
@@ -8,8 +8,9 @@ every node that knows the run:
 
 - `RSASignatureValidator`: a subkey that carries an owner key can only be written with that key's
   signature, so no peer can overwrite another's record;
-- `SchemaValidator` with a strict pydantic (v1) model of the record, bounded like `IslandRecord`,
-  that also checks that the record's `peer_id` is the fingerprint of the subkey it sits under.
+- `IslandRecordValidator`: the run's key holds only owner-key subkeys with tombstones or records
+  that `IslandRecord.from_dict` accepts (the record's one validator, shared with the ZeroMQ
+  fallback), whose `peer_id` is the fingerprint of the subkey they sit under.
 
 A bootstrap node does not know which runs will use it, so it checks signatures only; readers
 re-validate whatever they fetch, and drop a node's copy that holds anything malformed.
@@ -18,29 +19,29 @@ re-validate whatever they fetch, and drop a node's copy that holds anything malf
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Dict, Literal, Optional
+from typing import Any
 
 import hivemind
 from hivemind.dht.crypto import RSASignatureValidator
-from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
+from hivemind.dht.protocol import DHTProtocol
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.logging import use_hivemind_log_handler
 from hivemind.utils.multiaddr import Multiaddr
-from pydantic import v1 as pydantic
 
 from p2p_diloco import addresses
 from p2p_diloco.config import DiscoveryConfig
 from p2p_diloco.discovery.membership import BackgroundMembership
-from p2p_diloco.discovery.records import (
-    ENDPOINT_RE, MAX_ENDPOINT_LEN, MAX_INT, PEER_ID_RE, STATES, IslandRecord, fingerprint
-)
+from p2p_diloco.discovery.records import IslandRecord, fingerprint
 from p2p_diloco.errors import DiscoveryError
 
 logger = logging.getLogger(__name__)
@@ -65,55 +66,41 @@ def islands_key(run_id: str) -> str:
     return f"{run_id}.islands"
 
 
-_Count = pydantic.conint(strict=True, ge=0, le=MAX_INT)
-_Rate = pydantic.confloat(strict=True, ge=0.0, allow_inf_nan=False)
-_PeerId = pydantic.constr(strict=True, regex=PEER_ID_RE.pattern)
+class IslandRecordValidator(RecordValidatorBase):
+    """hivemind's record check for one run's key, by the record's own validator.
+
+    Under `islands_key(run_id)` a node accepts only dictionary entries whose subkey carries an
+    owner key (so `RSASignatureValidator` applies) and whose value is a tombstone or a record that
+    `IslandRecord.from_dict` accepts, with the `peer_id` that is the subkey's fingerprint. Other
+    keys pass: a node of this run shares the DHT with other runs. Runs after the signature check
+    (priority 0, below its 10), so it sees the value with the signature stripped.
+    """
+
+    def __init__(self, run_id: str) -> None:
+        self._key = DHTID.generate(source=islands_key(run_id)).to_bytes()
+
+    def validate(self, record: DHTRecord) -> bool:
+        if record.key != self._key:
+            return True
+        if record.subkey in DHTProtocol.RESERVED_SUBKEYS:
+            return False  # a plain value where the run keeps a dictionary of records
+        try:
+            subkey = DHTProtocol.serializer.loads(record.subkey)
+            value = DHTProtocol.serializer.loads(record.value)
+            if not (isinstance(subkey, bytes) and _OWNER_KEY_RE.search(subkey)):
+                return False
+            return value is None or IslandRecord.from_dict(value).peer_id == fingerprint(subkey)
+        except (DiscoveryError, TypeError, ValueError) as e:
+            logger.debug("refused a record under the run's key: %s", e)
+            return False
 
 
-class IslandRecordSchema(pydantic.BaseModel):
-    """`IslandRecord` as a strict pydantic model: every field present, no conversions, no extras."""
-
-    peer_id: _PeerId
-    endpoint: pydantic.constr(strict=True, max_length=MAX_ENDPOINT_LEN, regex=ENDPOINT_RE.pattern)
-    version: _Count
-    tokens: _Count
-    tokens_per_s: _Rate
-    loss: Optional[pydantic.confloat(strict=True, allow_inf_nan=False)] = ...
-    eval_loss: Optional[pydantic.confloat(strict=True, allow_inf_nan=False)] = ...
-    state: Literal[STATES]  # type: ignore[valid-type]
-    upload_bps: _Rate
-    download_bps: _Rate
-    bytes_sent: _Count
-    bytes_received: _Count
-    last_partner: Optional[_PeerId] = ...
-    started_at: _Rate
-    published_at: _Rate
-    timestamp: _Rate
-
-    class Config:
-        extra = pydantic.Extra.forbid
-
-
-def _owner_matches_peer_id(cls: Any, value: dict) -> dict:
-    for subkey, record in (value or {}).items():
-        if record is not None and record.peer_id != fingerprint(subkey):
-            raise ValueError(f"record peer_id {record.peer_id!r} is not the fingerprint of its subkey")
-    return value
-
-
-def make_schema(run_id: str) -> type[pydantic.BaseModel]:
-    """The pydantic model of one run's key: {owner subkey: IslandRecordSchema or None}."""
-    field = islands_key(run_id)
-    return pydantic.create_model(
-        f"Islands_{run_id}",
-        __validators__={"owner": pydantic.validator(field, allow_reuse=True)(_owner_matches_peer_id)},
-        **{field: (Dict[BytesWithPublicKey, Optional[IslandRecordSchema]], None)},
-    )
+_OWNER_KEY_RE = re.compile(RSASignatureValidator.PUBLIC_KEY_REGEX)
 
 
 def make_validators(run_id: str, private_key: RSAPrivateKey | None = None) -> list:
-    """Schema check for the run's key plus RSA signatures (with `private_key` for own records)."""
-    return [SchemaValidator(make_schema(run_id), allow_extra_keys=True), RSASignatureValidator(private_key)]
+    """The record check of the run's key plus RSA signatures (with `private_key` for own records)."""
+    return [IslandRecordValidator(run_id), RSASignatureValidator(private_key)]
 
 
 def _host_maddr(host: str, port: int) -> str:
@@ -200,7 +187,7 @@ class DhtMembership(BackgroundMembership):
     kind = "dht"
 
     def __init__(self, config: DiscoveryConfig, *, observer: bool = False) -> None:
-        self.config, self.observer = config, observer
+        super().__init__(config, observer)
         self._key = islands_key(config.run_id)
         private_key = RSAPrivateKey()
         validators = make_validators(config.run_id, private_key)
@@ -215,19 +202,11 @@ class DhtMembership(BackgroundMembership):
         """The DHT node's libp2p id (not the island's peer id, which is the fingerprint of its record key)."""
         # asked now, because from here on only the background thread talks to the DHT process
         self._visible_maddrs = [str(m) for m in self.dht.get_visible_maddrs()]
-        self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._record: IslandRecord | None = None
-        self._dirty = self._left = self._leave_requested = self._full_requested = False
-        self._left_event = threading.Event()
+        self._full_requested = False
         self._entries: dict[bytes, tuple[IslandRecord | None, float]] = {}
         """subkey -> (record or tombstone, expiration), the newest seen."""
-        self._seen: set[str] = set()
-        self._polls = 0
-        self._poll_done = threading.Condition(self._lock)
-        self._thread = threading.Thread(target=self._run, name=f"dht-membership-{self._peer_id[:8]}", daemon=True)
-        self._thread.start()
+        self._start("dht-membership")
         logger.info("joined run %r over the DHT as %s (observer=%s)", config.run_id, self._peer_id, observer)
 
     @property
@@ -288,12 +267,7 @@ class DhtMembership(BackgroundMembership):
             self._entries = {k: v for k, v in self._entries.items() if v[1] > now}
             self._polls += 1
             self._poll_done.notify_all()
-        ids = set(self.members()) - {self._peer_id}
-        for pid in sorted(ids - self._seen):
-            logger.info("island %s joined run %r", pid, self.config.run_id)
-        for pid in sorted(self._seen - ids):
-            logger.info("island %s left run %r (tombstone or expiry)", pid, self.config.run_id)
-        self._seen = ids
+        self._log_view()
 
     def _run(self) -> None:
         cfg = self.config

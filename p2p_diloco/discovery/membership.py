@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import abc
 import logging
+import threading
+from typing import TYPE_CHECKING
 
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.errors import DiscoveryError
+
+if TYPE_CHECKING:
+    from p2p_diloco.config import DiscoveryConfig
 
 logger = logging.getLogger(__name__)
 
@@ -72,14 +77,34 @@ class Membership(abc.ABC):
 class BackgroundMembership(Membership):
     """The facade both back-ends share: the own record and leaving, in front of a background thread.
 
-    A subclass's `__init__` sets `_lock`, `_record`, `_dirty`, `_left`, `_leave_requested`,
-    `_left_event`, `_stop`, `_polls`, `_poll_done` (a condition on `_lock`), `observer` and
-    `_thread`, and implements `_live_records()` (the others' records, under the lock) and
-    `_request_poll()`. `_kick()` wakes the thread when it sleeps on an event; `_announced(first)`
-    runs under the lock when a record is set; `_after_stop()` releases what the thread did not own.
-    The thread stores `_record` while `_dirty`, sends the tombstone when `_leave_requested`, sets
-    `_left_event` once it is out, and counts `_polls` (notifying `_poll_done`) as it reads the swarm.
+    A subclass calls `__init__` (the shared state below) before it opens its connections, then
+    `_start(name)` to run its `_run()` on the background thread. It implements `_live_records()`
+    (the others' records, under the lock) and `_request_poll()`. `_kick()` wakes the thread when it
+    sleeps on an event; `_announced(first)` runs under the lock when a record is set;
+    `_after_stop()` releases what the thread did not own. The thread stores `_record` while
+    `_dirty`, sends the tombstone when `_leave_requested`, sets `_left_event` once it is out, counts
+    `_polls` (notifying `_poll_done`) as it reads the swarm, and calls `_log_view()` after each read.
     """
+
+    def __init__(self, config: DiscoveryConfig, observer: bool) -> None:
+        self.config, self.observer = config, observer
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._left_event = threading.Event()
+        self._record: IslandRecord | None = None
+        self._dirty = self._left = self._leave_requested = False
+        self._polls = 0
+        self._poll_done = threading.Condition(self._lock)
+        self._seen: set[str] = set()
+        self._thread: threading.Thread | None = None
+
+    def _start(self, name: str) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"{name}-{self.peer_id[:8]}", daemon=True)
+        self._thread.start()
+
+    @abc.abstractmethod
+    def _run(self) -> None:
+        """The background thread: owns the back-end's connections until `_stop` is set."""
 
     _leave_timeout: float = 5.0
     _join_timeout: float = 10.0
@@ -92,6 +117,16 @@ class BackgroundMembership(Membership):
     def _request_poll(self) -> int:
         """Ask the thread for a fresh read of the swarm (with `_lock` held); returns how many
         polls from now will include it."""
+
+    def _log_view(self) -> None:
+        """Log the islands that joined or left this member's view since the last call: the one
+        join/leave log of both back-ends, called by their threads after each read of the swarm."""
+        ids = set(self.members()) - {self.peer_id}
+        for pid in sorted(ids - self._seen):
+            logger.info("island %s joined run %r", pid, self.config.run_id)
+        for pid in sorted(self._seen - ids):
+            logger.info("island %s left run %r (tombstone or expiry)", pid, self.config.run_id)
+        self._seen = ids
 
     def _after_stop(self) -> None:
         """After the thread has stopped (or was abandoned): release what it does not own."""
@@ -123,7 +158,7 @@ class BackgroundMembership(Membership):
 
     def leave(self) -> None:
         with self._lock:
-            if self._left or self._record is None or not self._thread.is_alive():
+            if self._left or self._record is None or self._thread is None or not self._thread.is_alive():
                 self._left = True
                 return
             self._leave_requested = True
@@ -146,8 +181,9 @@ class BackgroundMembership(Membership):
         self.leave()
         self._stop.set()
         self._kick()
-        self._thread.join(timeout=self._join_timeout)
-        if self._thread.is_alive():
+        if self._thread is not None:
+            self._thread.join(timeout=self._join_timeout)
+        if self._thread is not None and self._thread.is_alive():
             logger.warning("the %s membership thread did not stop within %.0f s; going on without it",
                            self.kind, self._join_timeout)
         self._after_stop()

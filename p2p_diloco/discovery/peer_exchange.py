@@ -1,4 +1,4 @@
-"""The ZeroMQ discovery fallback, part 2: an island's membership through rendezvous and peer exchange.
+"""The ZeroMQ discovery fallback: an island's membership through rendezvous and peer exchange.
 
 `ZmqMembership` implements `Membership` without libp2p. A background thread owns all its sockets:
 
@@ -11,7 +11,7 @@
 
 The own entry is re-signed every `refresh` seconds with an expiry `expiry` seconds ahead; a clean
 leave pushes a signed tombstone to every known endpoint at once. Like `rendezvous`, this module
-opens its own small sockets because discovery has to work before, and without, the transport.
+opens its own small sockets because discovery has to work before, and without, the state exchange.
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ import zmq
 
 from p2p_diloco import addresses
 from p2p_diloco.config import DiscoveryConfig
-from p2p_diloco.discovery.membership import BackgroundMembership
-from p2p_diloco.discovery.records import IslandRecord
-from p2p_diloco.discovery.rendezvous import (
+from p2p_diloco.discovery.entries import (
     MAX_MESSAGE_BYTES, Entry, MemberTable, SigningKey, answer_sync, decode, encode, pick_entries
 )
+from p2p_diloco.discovery.membership import BackgroundMembership
+from p2p_diloco.discovery.records import IslandRecord
+from p2p_diloco.discovery.router import SOCKET_SLACK_BYTES, answer_one, bind_router
 from p2p_diloco.errors import DiscoveryError
 
 logger = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class ZmqMembership(BackgroundMembership):
     _leave_timeout = REQUEST_TIMEOUT + 2.0
 
     def __init__(self, config: DiscoveryConfig, *, observer: bool = False) -> None:
-        self.config, self.observer = config, observer
+        super().__init__(config, observer)
         self._key = SigningKey()
         self._bootstraps = addresses.rendezvous_endpoints(config.bootstrap)
         if observer and not self._bootstraps:
@@ -62,32 +63,19 @@ class ZmqMembership(BackgroundMembership):
         self._router: zmq.Socket | None = None
         self.px: str | None = None
         if not observer:
-            self._router = self._ctx.socket(zmq.ROUTER)
-            self._router.setsockopt(zmq.LINGER, 0)
-            self._router.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES + 1024)
-            host = f"[{config.host}]" if ":" in config.host else config.host
             try:
-                port = self._router.bind_to_random_port(f"tcp://{host}")
-            except zmq.ZMQError as e:
-                self._router.close()
+                self._router, _, port = bind_router(self._ctx, config.host, 0, "peer exchange")
+            except DiscoveryError:
                 self._ctx.term()
-                raise DiscoveryError(f"cannot listen on {host} for peer exchange: {e}") from e
+                raise
             vis = config.visible_host
             self.px = f"tcp://{f'[{vis}]' if ':' in vis else vis}:{port}"
             self._poller.register(self._router, zmq.POLLIN)
         self.bootstrap_nodes: dict[str, str] = {}
         """Rendezvous endpoint -> node id that answered there (the bootstrap's peer id)."""
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
         self._ready = threading.Event()
-        self._left_event = threading.Event()
-        self._record: IslandRecord | None = None
-        self._dirty = self._left = self._leave_requested = self._sync_requested = self._joined = False
-        self._polls = 0
-        self._poll_done = threading.Condition(self._lock)
-        self._seen: set[str] = set()
-        self._thread = threading.Thread(target=self._run, name=f"zmq-membership-{self.peer_id[:8]}", daemon=True)
-        self._thread.start()
+        self._sync_requested = self._joined = False
+        self._start("zmq-membership")
         self._ready.wait()
         if self._bootstraps and not self._joined:
             self.shutdown()
@@ -179,20 +167,12 @@ class ZmqMembership(BackgroundMembership):
                           if e.px and e.peer_id != self.peer_id and e.record is not None} - set(self._bootstraps))
         return eps if k is None or len(eps) <= k else random.sample(eps, k)
 
-    def _log_view(self) -> None:
-        now_ids = set(self.members()) - {self.peer_id}
-        for pid in sorted(now_ids - self._seen):
-            logger.info("island %s joined run %r", pid, self.config.run_id)
-        for pid in sorted(self._seen - now_ids):
-            logger.info("island %s left run %r (tombstone or expiry)", pid, self.config.run_id)
-        self._seen = now_ids
-
     def _dealer(self, ep: str) -> zmq.Socket:
         sock = self._dealers.get(ep)
         if sock is None:
             sock = self._dealers[ep] = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES + 1024)
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES + SOCKET_SLACK_BYTES)
             sock.setsockopt(zmq.SNDHWM, 4)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)  # back off while an endpoint is down
             sock.connect(ep)
@@ -270,24 +250,12 @@ class ZmqMembership(BackgroundMembership):
                     return
 
     def _serve_one(self) -> None:
-        try:
-            frames = self._router.recv_multipart(zmq.NOBLOCK)
-        except zmq.ZMQError:
-            return
-        if len(frames) != 2:
-            logger.info("peer exchange: dropped a message of %d frames", len(frames) - 1)
-            return
-        ident, payload = frames
-        try:
-            msg = decode(payload)
-            if msg["type"] != "sync" or msg.get("run") != self.config.run_id:
-                raise ValueError(f"expected a sync of run {self.config.run_id!r}")
-            with self._lock:
-                reply, _ = answer_sync(self._table, msg, self.peer_id)
-        except ValueError as e:
-            logger.info("peer exchange: refused a request: %s", e)
-            reply = encode({"type": "error", "reason": str(e)[:300]})
-        try:
-            self._router.send_multipart([ident, reply], zmq.NOBLOCK)
-        except zmq.ZMQError as e:
-            logger.info("peer exchange: could not answer: %s", e)
+        answer_one(self._router, self._answer, "peer exchange")
+
+    def _answer(self, msg: dict) -> bytes:
+        """A sync of this island's run, answered like the rendezvous does."""
+        if msg["type"] != "sync" or msg.get("run") != self.config.run_id:
+            raise ValueError(f"expected a sync of run {self.config.run_id!r}")
+        with self._lock:
+            reply, _ = answer_sync(self._table, msg, self.peer_id)
+        return reply

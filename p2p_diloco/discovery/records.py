@@ -91,7 +91,7 @@ class IslandRecord:
         for name in _INT_FIELDS:
             v = getattr(self, name)
             if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_INT):
-                raise _bad(name, f"an integer in [0, 2**62]", v)
+                raise _bad(name, "an integer in [0, 2**62]", v)
         for name in _FLOAT_FIELDS + _OPTIONAL_FLOAT_FIELDS:
             v = getattr(self, name)
             if v is None and name in _OPTIONAL_FLOAT_FIELDS:
@@ -100,7 +100,7 @@ class IslandRecord:
                 raise _bad(name, "a finite number" + (" or None" if name in _OPTIONAL_FLOAT_FIELDS else ""), v)
             if name in _FLOAT_FIELDS and v < 0:
                 raise _bad(name, ">= 0", v)
-            object.__setattr__(self, name, float(v))  # ints become floats: the DHT schema is strict
+            object.__setattr__(self, name, float(v))  # ints become floats: what travels is strict (from_dict)
         if self.state not in STATES:
             raise _bad("state", f"one of {STATES}", self.state)
         if self.last_partner is not None and not (isinstance(self.last_partner, str) and PEER_ID_RE.match(self.last_partner)):
@@ -112,7 +112,9 @@ class IslandRecord:
 
     @classmethod
     def from_dict(cls, data: Any) -> IslandRecord:
-        """Build a record from untrusted data; unknown or missing fields raise `DiscoveryError`."""
+        """Build a record from untrusted data, which must be exactly what `to_dict` writes: unknown
+        or missing fields, and an int where a float belongs, raise `DiscoveryError` (so every copy
+        of a record in the swarm has one form)."""
         if not isinstance(data, dict):
             raise DiscoveryError(f"island record must be a mapping, got {type(data).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
@@ -120,6 +122,9 @@ class IslandRecord:
         missing = sorted(names - set(data))
         if unknown or missing:
             raise DiscoveryError(f"island record has unknown fields {unknown} / missing fields {missing}")
+        for name in _FLOAT_FIELDS + _OPTIONAL_FLOAT_FIELDS:
+            if isinstance(data[name], int):
+                raise _bad(name, "a float (as to_dict writes it)", data[name])
         return cls(**data)
 
     def replace(self, **changes: Any) -> IslandRecord:

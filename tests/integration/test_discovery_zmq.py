@@ -14,7 +14,8 @@ from discovery_harness import assert_runs_isolated, assert_swarm_figures, free_p
 
 from p2p_diloco.config import DiscoveryConfig
 from p2p_diloco.discovery import open_membership
-from p2p_diloco.discovery.rendezvous import MAX_MESSAGE_BYTES, Entry, RendezvousServer, SigningKey
+from p2p_diloco.discovery.entries import MAX_MESSAGE_BYTES, Entry, SigningKey
+from p2p_diloco.discovery.rendezvous import RendezvousServer
 
 
 @pytest.mark.timeout(180)

@@ -1,4 +1,4 @@
-"""The DHT record guard: hivemind's SchemaValidator with our pydantic model, plus RSA signatures.
+"""The DHT record guard: our IslandRecordValidator (the record's one validator) plus RSA signatures.
 
 Each case builds the exact `DHTRecord` a DHT node receives in `rpc_store` and asks the validators
 a member node runs whether to accept it.

@@ -14,7 +14,7 @@ from p2p_diloco.cli.watch import format_islands
 from p2p_diloco.config import DiscoveryConfig
 from p2p_diloco.discovery import choose_backend
 from p2p_diloco.discovery.records import IslandRecord, fingerprint
-from p2p_diloco.discovery.rendezvous import (
+from p2p_diloco.discovery.entries import (
     MAX_MESSAGE_BYTES, Entry, MemberTable, SigningKey, answer_sync, decode, encode, pick_entries
 )
 from p2p_diloco.errors import ConfigError, DiscoveryError

@@ -1,0 +1,187 @@
+"""Watch a run from a child process: the member list, without hivemind or torch in this process.
+
+The DHT back-end needs hivemind, and importing any part of hivemind imports torch (its package
+`__init__` loads the whole library): a second of start-up and hundreds of megabytes for a reader
+that only shows records. `ObserverProcess` is a `Membership` for such readers (the dashboard): a
+child interpreter runs the real observer (`open_membership(config, observer=True)`, with its
+fallback from the DHT to ZeroMQ) and reports the member list, and this process only parses it.
+
+The two talk in JSON lines. Child to parent, on stdout:
+
+- `{"type": "ready", "kind": "dht"|"zmq", "peer_id": str}` once the observer is open;
+- `{"type": "error", "message": str}` if it could not be opened (the child then exits);
+- `{"type": "members", "seq": int, "records": [IslandRecord.to_dict(), ...]}` after each read:
+  every `poll` seconds, and at once after a request.
+
+Parent to child, on stdin: `refresh` (read the swarm now). The child exits when its stdin closes,
+so it never outlives its parent. Every record is checked again here (`IslandRecord.from_dict`);
+the child's log lines are passed on to this process's log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import queue
+import subprocess
+import sys
+import threading
+from itertools import count
+from typing import Any
+
+from p2p_diloco.config import DiscoveryConfig
+from p2p_diloco.discovery.membership import Membership
+from p2p_diloco.discovery.records import IslandRecord
+from p2p_diloco.errors import DiscoveryError
+
+logger = logging.getLogger(__name__)
+
+START_S = 20.0
+"""Allowance for the child's own start (an interpreter that imports hivemind and torch), on top of
+the config's `connect_timeout`."""
+EXIT_S = 5.0
+"""How long `shutdown` waits for the child to leave cleanly before it is killed."""
+
+
+class ObserverProcess(Membership):
+    """A read-only `Membership` whose back-end runs in a child process (see the module docstring)."""
+
+    def __init__(self, config: DiscoveryConfig) -> None:
+        self.config = config
+        self._cond = threading.Condition()
+        self._records: dict[str, IslandRecord] = {}
+        self._seq = -1
+        self._hello: dict[str, Any] | None = None
+        self._closed = False
+        args = json.dumps({**dataclasses.asdict(config), "bootstrap": list(config.bootstrap)})
+        self._proc = subprocess.Popen([sys.executable, "-m", __name__, args], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+        threading.Thread(target=self._read, name="observer-out", daemon=True).start()
+        threading.Thread(target=self._relay_log, name="observer-log", daemon=True).start()
+        with self._cond:
+            self._cond.wait_for(lambda: self._hello is not None, config.connect_timeout + START_S)
+            hello = self._hello
+        if hello is None or hello["type"] != "ready":
+            self.shutdown()
+            raise DiscoveryError(f"the observer process did not start within {config.connect_timeout + START_S:g} s"
+                                 if hello is None else str(hello.get("message", "the observer process exited")))
+        self.kind, self._peer_id = str(hello["kind"]), str(hello["peer_id"])
+
+    @property
+    def peer_id(self) -> str:
+        return self._peer_id
+
+    def announce(self, record: IslandRecord) -> None:
+        raise DiscoveryError("an observer cannot announce a record")
+
+    def members(self) -> dict[str, IslandRecord]:
+        with self._cond:
+            if self._proc.poll() is not None and not self._closed:
+                raise DiscoveryError(f"the observer process exited (code {self._proc.returncode})")
+            return dict(self._records)
+
+    def refresh(self, timeout: float = 10.0) -> dict[str, IslandRecord]:
+        with self._cond:
+            target = self._seq + 1
+        try:
+            self._proc.stdin.write("refresh\n")
+            self._proc.stdin.flush()
+        except (BrokenPipeError, ValueError, OSError) as e:
+            raise DiscoveryError("the observer process exited") from e
+        with self._cond:
+            self._cond.wait_for(lambda: self._seq >= target or self._proc.poll() is not None, timeout)
+        return self.members()
+
+    def leave(self) -> None:
+        """An observer has no record to withdraw."""
+
+    def shutdown(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self._proc.stdin.close()  # the child leaves when its stdin closes
+        except OSError:
+            pass
+        try:
+            self._proc.wait(EXIT_S)
+        except subprocess.TimeoutExpired:
+            logger.info("the observer process did not leave within %.0f s; killing it", EXIT_S)
+            self._proc.kill()
+            self._proc.wait()
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            try:
+                msg = json.loads(line)
+                if msg.get("type") == "members":
+                    records = {r.peer_id: r for r in map(IslandRecord.from_dict, msg["records"])}
+                    with self._cond:
+                        self._records, self._seq = records, int(msg["seq"])
+                        self._cond.notify_all()
+                elif msg.get("type") in ("ready", "error"):
+                    with self._cond:
+                        self._hello = msg
+                        self._cond.notify_all()
+            except (ValueError, KeyError, TypeError, DiscoveryError) as e:
+                logger.info("ignoring a bad line from the observer process: %s", e)
+        with self._cond:
+            self._hello = self._hello or {"type": "error", "message": f"it exited (code {self._proc.wait()})"}
+            self._cond.notify_all()
+
+    def _relay_log(self) -> None:
+        for line in self._proc.stderr:
+            if line.strip():
+                logger.info("observer: %s", line.rstrip())
+
+
+def _serve(config: DiscoveryConfig) -> int:
+    """The child: open the observer, report the member list until stdin closes."""
+    from p2p_diloco.discovery import open_membership
+
+    def emit(msg: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(msg) + "\n")
+        sys.stdout.flush()
+
+    try:
+        membership = open_membership(config, observer=True)
+    except Exception as e:  # an unreachable bootstrap, a failed daemon: the parent shows why
+        emit({"type": "error", "message": str(e) or type(e).__name__})
+        return 1
+    requests: queue.Queue[str | None] = queue.Queue()
+
+    def read_stdin() -> None:
+        for line in sys.stdin:
+            requests.put(line.strip())
+        requests.put(None)
+
+    threading.Thread(target=read_stdin, name="observer-requests", daemon=True).start()
+    emit({"type": "ready", "kind": membership.kind, "peer_id": membership.peer_id})
+    with membership:
+        for seq in count():
+            records = membership.members()
+            emit({"type": "members", "seq": seq, "records": [r.to_dict() for r in records.values()]})
+            try:
+                request = requests.get(timeout=config.poll)
+            except queue.Empty:
+                continue
+            if request is None:
+                break
+            if request == "refresh":
+                membership.refresh(config.connect_timeout)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    fields = json.loads(argv[0])
+    try:
+        return _serve(DiscoveryConfig(**{**fields, "bootstrap": tuple(fields["bootstrap"])}))
+    except BrokenPipeError:  # the parent is gone
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
