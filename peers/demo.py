@@ -171,11 +171,11 @@ def run_demo(cfg: DemoConfig) -> dict:
 def sample_text(checkpoints: Path, prompt: str = "def ", n_bytes: int = 240, seed: int = 0) -> str:
     """Generate text from a checkpoint's anchor with the default tiny model."""
     import torch
-    from p2p_diloco.peers import checkpoint
 
     from p2p_diloco.config import ModelConfig
     from p2p_diloco.core.island import load_vector
     from p2p_diloco.core.model import build_model
+    from p2p_diloco.peers import checkpoint
 
     ck = checkpoint.load(checkpoint.latest(checkpoints))
     model = build_model(ModelConfig())
@@ -199,9 +199,8 @@ def baseline_dp(tokens: int, islands: int) -> float:
 
 def _dashboard_until_done(swarm: Swarm, cfg: DemoConfig, islands: list[subprocess.Popen]) -> None:
     """Show the dashboard until every island has exited; quitting it early stops the islands cleanly."""
-    from p2p_diloco.tui import MembershipSource, run_dashboard
-
     from p2p_diloco.config import DiscoveryConfig
+    from p2p_diloco.tui import MembershipSource, run_dashboard
 
     done = threading.Event()
 

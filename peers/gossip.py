@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from p2p_diloco.config import NetworkConfig
+from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.errors import TransportError
 
@@ -96,3 +97,14 @@ class GossipWorker:
         self._closed = True
         if self._thread is not None:
             self._thread.join(timeout)
+
+
+def partner_state(snap, expected_numel: int) -> PartnerState:
+    """Turn a fetched snapshot into a mixable state, refusing one for a different model."""
+    t = snap.tensors
+    if "phi" not in t or t["phi"].numel() != expected_numel:
+        raise TransportError(f"snapshot from {snap.endpoint} does not fit this model "
+                             f"({t['phi'].numel() if 'phi' in t else 'no'} parameters, expected {expected_numel})")
+    flat = {k: v.reshape(-1) for k, v in t.items()}
+    return PartnerState(phi=flat["phi"], m=flat.get("m"), delta=flat.get("delta"), version=snap.version,
+                        tokens=snap.tokens, peer=str(snap.meta.get("peer_id", "")))

@@ -1,6 +1,8 @@
 """The island process: join the swarm, train rounds, gossip in the background, checkpoint, leave.
 
-`run_island` is what `p2p-diloco join` calls. One round:
+`IslandRunner` owns one island's pieces (model and state machine, snapshot server, membership,
+gossip worker, partner chooser, metrics) and runs its rounds; `p2p_diloco.peers.process` starts
+it (resume or join) and stops it. One round:
 
 1. if no fetch is running, choose a partner and start fetching its snapshot in the background;
    early in the round only a partner that is not one of the last two and has reached this
@@ -14,9 +16,8 @@
 3. take the snapshot if it arrived after the last inner step (else mix nothing this round), take
    the outer step (`Island.end_round`), publish the new state, announce the record, log metrics.
 
-A joining island downloads the freshest member's state first; an island with `--resume`
-continues from its last checkpoint. Ctrl+C or SIGTERM stop after the current inner step: the
-running fetch is abandoned, a checkpoint is written, the record removed, exit code 130 / 143.
+Ctrl+C or SIGTERM stop after the current inner step: the running fetch is abandoned, a checkpoint
+is written, the record removed, exit code 130 / 143.
 """
 
 from __future__ import annotations
@@ -26,18 +27,11 @@ import hashlib
 import json
 import logging
 import random
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from p2p_diloco.peers import checkpoint
-from p2p_diloco.peers.distributed import STEP, STOP, IntraIsland, follow
-from p2p_diloco.peers.gossip import GossipWorker
-from p2p_diloco.peers.metrics import LinkRates, MetricsLog, progress_line
-from p2p_diloco.peers.pacing import catch_up_seconds
-from p2p_diloco.peers.partners import PartnerChooser
 
 from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, IslandConfig, ModelConfig, NetworkConfig, TrainConfig
 from p2p_diloco.core.data import BatchSampler, eval_batches, load_corpus
@@ -47,12 +41,45 @@ from p2p_diloco.core.model import build_model
 from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.discovery import open_membership
 from p2p_diloco.discovery.records import IslandRecord
-from p2p_diloco.errors import CheckpointError, TransportError
+from p2p_diloco.errors import TransportError
+from p2p_diloco.peers import checkpoint
+from p2p_diloco.peers.distributed import STEP, STOP, IntraIsland
+from p2p_diloco.peers.gossip import GossipWorker, partner_state
+from p2p_diloco.peers.metrics import LinkRates, MetricsLog, progress_line
+from p2p_diloco.peers.pacing import catch_up_seconds
+from p2p_diloco.peers.partners import PartnerChooser
 
 log = logging.getLogger(__name__)
 ANNOUNCE_EVERY_S = 2.0
 RETRY_PARTNER_S = 0.5
 """How often a round that found no partner at its start looks again (one may have published since)."""
+
+
+@dataclass
+class _Round:
+    """One round's schedule while its inner steps run (see the module docstring)."""
+
+    start: float
+    """Monotonic time the round began."""
+    fresh_until: float
+    """Until then only a partner at this island's version (or one behind) is fetched."""
+    limit: int
+    """Most inner steps: H and its stretch, within the token budget."""
+    next_try: float
+    """When to look for a partner again, if no fetch runs."""
+    last_announce: float
+    fetching: bool = False
+    arrived: dict | None = None
+    """The exchange figures of a partner mixed mid-round (`mix_at=arrival`)."""
+    stretch_until: float | None = None
+    """Past H: when to stop training on (set once H steps are done)."""
+
+    @classmethod
+    def begin(cls, runner: IslandRunner, last_compute_s: float) -> _Round:
+        now = time.monotonic()
+        runner.island.round_steps = 0
+        return cls(start=now, fresh_until=now + runner.cfg.same_version_wait * last_compute_s,
+                   limit=runner.round_limit(), next_try=now, last_announce=now)
 
 
 class _StopFlag:
@@ -67,17 +94,6 @@ class _StopFlag:
     @property
     def exit_code(self) -> int:
         return 0 if self.signum is None else 128 + self.signum
-
-
-def partner_state(snap, expected_numel: int) -> PartnerState:
-    """Turn a fetched snapshot into a mixable state, refusing one for a different model."""
-    t = snap.tensors
-    if "phi" not in t or t["phi"].numel() != expected_numel:
-        raise TransportError(f"snapshot from {snap.endpoint} does not fit this model "
-                             f"({t['phi'].numel() if 'phi' in t else 'no'} parameters, expected {expected_numel})")
-    flat = {k: v.reshape(-1) for k, v in t.items()}
-    return PartnerState(phi=flat["phi"], m=flat.get("m"), delta=flat.get("delta"), version=snap.version,
-                        tokens=snap.tokens, peer=str(snap.meta.get("peer_id", "")))
 
 
 class IslandRunner:
@@ -144,43 +160,7 @@ class IslandRunner:
         self.server.publish(tensors, s.version, s.tokens, meta={"peer_id": self.peer_id})
         self.published_at = time.time()
 
-    # -- start: resume, or join from the freshest member -------------------------------------------
-    def resume(self) -> None:
-        path = checkpoint.latest(self.cfg.run_dir / "checkpoints")
-        if path is None:
-            raise CheckpointError(f"--resume given but {self.cfg.run_dir / 'checkpoints'} holds no checkpoint")
-        self.round = checkpoint.restore_island(self.island, checkpoint.load(path), path)
-        log.info("resumed from %s at version %d, round %d", path.name, self.island.state.version, self.round)
-
-    def join(self) -> None:
-        """Start from the freshest member's state if the run is already going."""
-        deadline = time.monotonic() + self.cfg.join_timeout_s
-        self._wait_for_members(2, min(5.0, self.cfg.join_timeout_s))  # give discovery a moment to show who is there
-        tried: set[str] = set()
-        while time.monotonic() < deadline and not self.stop.signum:
-            others = {p: r for p, r in self.membership.members().items() if p != self.peer_id and p not in tried
-                      and r.state in ("training", "syncing")}
-            if not others:
-                return  # nobody trains yet: this island starts the run (all islands share the init seed)
-            best = max(others.values(), key=lambda r: (r.version, r.tokens))
-            if best.version <= self.island.state.version:
-                return
-            self.state = "syncing"
-            tried.add(best.peer_id)
-            from p2p_diloco.exchange.client import fetch
-
-            try:
-                snap = fetch(best.endpoint, self.network, timeout=min(self.network.fetch_timeout_s, deadline - time.monotonic()))
-                self.island.adopt(partner_state(snap, self.island.state.phi.numel()))
-                self.bytes_in += snap.nbytes
-                log.info("joined from %s at version %d (%d bytes in %.1f s)", best.peer_id[:8], snap.version,
-                         snap.nbytes, snap.seconds)
-                return
-            except TransportError as e:
-                log.info("could not download the state of %s: %s; trying another member", best.peer_id[:8], e)
-        log.warning("no member's state could be downloaded; starting from the initial weights")
-
-    def _wait_for_members(self, count: int, timeout: float) -> bool:
+    def wait_for_members(self, count: int, timeout: float) -> bool:
         """Wait until discovery shows `count` islands, this one included (at most `timeout` s, or
         until a signal); True if it did."""
         deadline = time.monotonic() + timeout
@@ -249,7 +229,7 @@ class IslandRunner:
                 self.group.share_shift(shift)
         return info
 
-    def _round_limit(self) -> int:
+    def round_limit(self) -> int:
         """Most inner steps this round may take: H and its stretch, within the token budget."""
         H = self.diloco.local_steps
         limit = H + int(self.cfg.max_stretch * H)
@@ -271,88 +251,111 @@ class IslandRunner:
 
     def train(self) -> int:
         """Run rounds until a limit or a signal; returns the process exit code."""
-        isl, H = self.island, self.diloco.local_steps
-        self.initial_loss = evaluate(isl.model, self.evals)
-        self.state = "training"
-        if self.group is not None:  # the other ranks start from the anchor rank 0 joined or resumed with
-            self.group.share_anchor(isl.state.phi)
-        self.publish()
-        self.membership.announce(self.record())
-        if not self._wait_for_members(self.cfg.wait_for, self.cfg.join_timeout_s) and not self.stop.signum:
-            log.warning("fewer than %d islands after %.0f s; starting anyway", self.cfg.wait_for, self.cfg.join_timeout_s)
-        self._t0 = time.monotonic()  # utilization counts from the first inner step
+        self._start_training()
         last_compute_s = 0.0
         while not self._done():
-            round_start = last_announce = next_try = time.monotonic()
-            fresh_until = round_start + self.cfg.same_version_wait * last_compute_s
-            fetching = False
-            isl.round_steps = 0
-            arrived = None
-            limit, stretch_until = self._round_limit(), None
-            while isl.round_steps < limit and not self.stop.signum:
-                if isl.round_steps >= H:  # train on while most of the others are behind (`max_stretch`)
-                    if stretch_until is None:
-                        stretch_until = time.monotonic() + catch_up_seconds(
-                            self.membership.members(), self.peer_id, self.published_at, time.time(),
-                            fresh_s=3 * ANNOUNCE_EVERY_S)
-                    if time.monotonic() >= stretch_until:
-                        break
-                if not fetching and (now := time.monotonic()) >= next_try:  # a partner to fetch (again)?
-                    same_version = now < fresh_until
-                    fetching = self._start_fetch(fresh_until if same_version else None)
-                    # look again soon, and at once when the wait for a partner at our version ends
-                    next_try = min(now + RETRY_PARTNER_S, fresh_until) if same_version else now + RETRY_PARTNER_S
-                arrived = arrived or self._mix_if_arrived()
-                if self.group is not None:
-                    self.group.command(STEP)
-                step_start = time.monotonic()
-                isl.inner_step()
-                if self.cfg.slowdown > 1:
-                    time.sleep((self.cfg.slowdown - 1) * (time.monotonic() - step_start))
-                if time.monotonic() - last_announce >= ANNOUNCE_EVERY_S:  # keep watchers current mid-round
-                    elapsed = time.monotonic() - round_start
-                    self.membership.announce(self.record(isl.round_steps * isl.tokens_per_step / elapsed))
-                    last_announce = time.monotonic()
-                if self.diloco.round_seconds and time.monotonic() - round_start >= self.diloco.round_seconds:
-                    break
-            compute_s = last_compute_s = time.monotonic() - round_start
+            rnd = _Round.begin(self, last_compute_s)
+            self._inner_steps(rnd)
+            compute_s = last_compute_s = time.monotonic() - rnd.start
             self.inner_seconds += compute_s
-            steps = isl.round_steps
+            steps = self.island.round_steps  # the outer step starts the next round's count
             if steps == 0:
                 break
-            partners, info = self._take_partner()  # a fetch that arrived after the last inner step
-            weights = isl.end_round(partners)
-            if partners:
-                info["weight"], info["staleness"] = weights[0], isl.state.version - 1 - partners[0].version
-                info["mixed_after_steps"] = steps
-            elif arrived is not None:
-                info = arrived
-            if self.group is not None:
-                self.group.share_anchor(isl.state.phi)
-            self.round += 1
-            self._own_tokens += steps * isl.tokens_per_step
-            if self.round == 1 and self.cfg.max_seconds and not (self.cfg.max_tokens or self.cfg.max_rounds):
-                # a time-bounded island sizes its cosine schedule from the speed of its first round
-                total = max(1, int(steps / max(compute_s, 1e-6) * self.cfg.max_seconds))
-                isl.inner.cfg = dataclasses.replace(isl.inner.cfg, total_steps=total)
-            if self.round % self.cfg.eval_every == 0:
-                self.eval_loss = evaluate(isl.model, self.evals)
-            self.publish()
-            tps = steps * isl.tokens_per_step / max(compute_s, 1e-6)
-            self.last_partner = info["partner"] if info.get("weight") else self.last_partner
-            self.membership.announce(self.record(tps))
-            row = {"round": self.round, "version": isl.state.version, "tokens": isl.state.tokens,
-                   "own_tokens": self._own_tokens, "steps": steps, "loss": isl.last_loss,
-                   "eval_loss": self.eval_loss if self.round % self.cfg.eval_every == 0 else None,
-                   "tokens_per_s": tps, "bytes_out": self.server.stats()["bytes_sent"], "weight": None, "staleness": None,
-                   "inner_s": round(compute_s, 3), "wall_s": round(time.monotonic() - self._t0, 3),
-                   "utilization": self.utilization(), **info}
-            self.metrics.write(row)
-            if not self.cfg.quiet:
-                progress_line(self.name, row)
-            if self.round % self.cfg.checkpoint_every == 0:
-                self.save_checkpoint()
+            self._log_round(self._end_round(rnd, steps, compute_s), steps, compute_s)
         return self.stop.exit_code
+
+    def _start_training(self) -> None:
+        """Evaluate the starting point, publish it, announce the island, wait for `wait_for` islands."""
+        self.initial_loss = evaluate(self.island.model, self.evals)
+        self.state = "training"
+        if self.group is not None:  # the other ranks start from the anchor rank 0 joined or resumed with
+            self.group.share_anchor(self.island.state.phi)
+        self.publish()
+        self.membership.announce(self.record())
+        if not self.wait_for_members(self.cfg.wait_for, self.cfg.join_timeout_s) and not self.stop.signum:
+            log.warning("fewer than %d islands after %.0f s; starting anyway", self.cfg.wait_for, self.cfg.join_timeout_s)
+        self._t0 = time.monotonic()  # utilization counts from the first inner step
+
+    def _inner_steps(self, rnd: _Round) -> None:
+        """The round's inner steps, with the fetch kept going and a partner mixed the moment it arrives."""
+        isl = self.island
+        while isl.round_steps < rnd.limit and not self.stop.signum:
+            if isl.round_steps >= self.diloco.local_steps and self._stretch_over(rnd):
+                break
+            self._keep_fetching(rnd)
+            rnd.arrived = rnd.arrived or self._mix_if_arrived()
+            if self.group is not None:
+                self.group.command(STEP)
+            step_start = time.monotonic()
+            isl.inner_step()
+            if self.cfg.slowdown > 1:
+                time.sleep((self.cfg.slowdown - 1) * (time.monotonic() - step_start))
+            if time.monotonic() - rnd.last_announce >= ANNOUNCE_EVERY_S:  # keep watchers current mid-round
+                self.membership.announce(self.record(isl.round_steps * isl.tokens_per_step / (time.monotonic() - rnd.start)))
+                rnd.last_announce = time.monotonic()
+            if self.diloco.round_seconds and time.monotonic() - rnd.start >= self.diloco.round_seconds:
+                break
+
+    def _stretch_over(self, rnd: _Round) -> bool:
+        """Past H: train on while most of the others are behind in their rounds (`max_stretch`)."""
+        if rnd.stretch_until is None:
+            rnd.stretch_until = time.monotonic() + catch_up_seconds(
+                self.membership.members(), self.peer_id, self.published_at, time.time(), fresh_s=3 * ANNOUNCE_EVERY_S)
+        return time.monotonic() >= rnd.stretch_until
+
+    def _keep_fetching(self, rnd: _Round) -> None:
+        """Start a fetch when none runs and it is time to look for a partner (again)."""
+        now = time.monotonic()
+        if rnd.fetching or now < rnd.next_try:
+            return
+        same_version = now < rnd.fresh_until
+        rnd.fetching = self._start_fetch(rnd.fresh_until if same_version else None)
+        # look again soon, and at once when the wait for a partner at our version ends
+        rnd.next_try = min(now + RETRY_PARTNER_S, rnd.fresh_until) if same_version else now + RETRY_PARTNER_S
+
+    def _end_round(self, rnd: _Round, steps: int, compute_s: float) -> dict:
+        """Mix what arrived after the last step, take the outer step, publish and announce; returns
+        the round's exchange figures."""
+        isl = self.island
+        partners, info = self._take_partner()  # a fetch that arrived after the last inner step
+        weights = isl.end_round(partners)
+        if partners:
+            info["weight"], info["staleness"] = weights[0], isl.state.version - 1 - partners[0].version
+            info["mixed_after_steps"] = steps
+        elif rnd.arrived is not None:
+            info = rnd.arrived
+        if self.group is not None:
+            self.group.share_anchor(isl.state.phi)
+        self.round += 1
+        self._own_tokens += steps * isl.tokens_per_step
+        if self.round == 1 and self.cfg.max_seconds and not (self.cfg.max_tokens or self.cfg.max_rounds):
+            # a time-bounded island sizes its cosine schedule from the speed of its first round
+            total = max(1, int(steps / max(compute_s, 1e-6) * self.cfg.max_seconds))
+            isl.inner.cfg = dataclasses.replace(isl.inner.cfg, total_steps=total)
+        if self.round % self.cfg.eval_every == 0:
+            self.eval_loss = evaluate(isl.model, self.evals)
+        self.publish()
+        self.last_partner = info["partner"] if info.get("weight") else self.last_partner
+        self.membership.announce(self.record(self._tokens_per_s(steps, compute_s)))
+        return info
+
+    def _tokens_per_s(self, steps: int, compute_s: float) -> float:
+        return steps * self.island.tokens_per_step / max(compute_s, 1e-6)
+
+    def _log_round(self, info: dict, steps: int, compute_s: float) -> None:
+        """One metrics row and progress line per round; a checkpoint every `checkpoint_every` rounds."""
+        isl = self.island
+        row = {"round": self.round, "version": isl.state.version, "tokens": isl.state.tokens,
+               "own_tokens": self._own_tokens, "steps": steps, "loss": isl.last_loss,
+               "eval_loss": self.eval_loss if self.round % self.cfg.eval_every == 0 else None,
+               "tokens_per_s": self._tokens_per_s(steps, compute_s), "bytes_out": self.server.stats()["bytes_sent"],
+               "weight": None, "staleness": None, "inner_s": round(compute_s, 3),
+               "wall_s": round(time.monotonic() - self._t0, 3), "utilization": self.utilization(), **info}
+        self.metrics.write(row)
+        if not self.cfg.quiet:
+            progress_line(self.name, row)
+        if self.round % self.cfg.checkpoint_every == 0:
+            self.save_checkpoint()
 
     def finish(self) -> dict:
         """Leave cleanly: abandon the fetch, checkpoint, evaluate, remove the record, close sockets."""
@@ -379,43 +382,8 @@ class IslandRunner:
         return checkpoint.save(self.cfg.run_dir / "checkpoints", tensors, meta)
 
 
-def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train: TrainConfig, diloco: DiLoCoConfig,
-               network: NetworkConfig, discovery: DiscoveryConfig, data: str | None = None) -> tuple[int, dict]:
-    """Run one island until a limit or a signal. Returns (exit code, summary)."""
-    group = IntraIsland.from_env()
-    if group is not None and group.rank > 0:
-        try:
-            return _run_follower(group, model_cfg, train, diloco, data), {}
-        finally:
-            group.close()
-    runner = IslandRunner(cfg, model_cfg, train, diloco, network, discovery, data, group)
-    previous = {sig: signal.signal(sig, runner.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        if cfg.resume:
-            runner.resume()
-        else:
-            runner.join()
-        code = runner.train()
-    finally:
-        summary = runner.finish()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if group is not None:
-            group.close()
-    return code, summary
-
-
 def initial_model(model_cfg: ModelConfig, train: TrainConfig, group: IntraIsland | None) -> torch.nn.Module:
     """The run's initial weights (the same on every island: they share the seed), DDP-wrapped on torchrun."""
     torch.manual_seed(train.seed)
     model = build_model(model_cfg)
     return group.wrap(model) if group is not None else model
-
-
-def _run_follower(group: IntraIsland, model_cfg: ModelConfig, train: TrainConfig, diloco: DiLoCoConfig,
-                  data: str | None) -> int:
-    corpus = load_corpus(data)
-    model = initial_model(model_cfg, train, group)
-    seed = group.share_seed(0)
-    sampler = BatchSampler(corpus.train, model_cfg.resolved()["block_size"], train.batch_size, seed)
-    return follow(group, Island(f"rank-{group.rank}", model, train, diloco, sampler))

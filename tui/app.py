@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.widgets import DataTable, Footer
+
 from p2p_diloco.tui.messages import LogLine, StopRequested, SwarmUpdated
 from p2p_diloco.tui.screens import DetailScreen, HelpScreen
 from p2p_diloco.tui.source import Snapshot, Source
 from p2p_diloco.tui.state import SwarmState
 from p2p_diloco.tui.widgets import COLUMNS, EventLog, IslandColors, LossChart, PeersTable, SwarmHeader, ThroughputChart
-from textual.app import App, ComposeResult
-from textual.binding import Binding
-from textual.containers import Horizontal
-from textual.widgets import DataTable, Footer
 
 
 class DashboardApp(App):

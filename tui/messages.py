@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from p2p_diloco.tui.source import Snapshot
 from textual.message import Message
+
+from p2p_diloco.tui.source import Snapshot
 
 
 @dataclass

@@ -9,10 +9,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from p2p_diloco.tui import format as fmt
-from p2p_diloco.tui.plot import Series
-from p2p_diloco.tui.state import IslandView, SwarmState
-from p2p_diloco.tui.widgets import STATE_STYLE, EventLog, IslandColors, PlotPanel
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -20,6 +16,11 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static
+
+from p2p_diloco.tui import format as fmt
+from p2p_diloco.tui.plot import Series
+from p2p_diloco.tui.state import IslandView, SwarmState
+from p2p_diloco.tui.widgets import STATE_STYLE, EventLog, IslandColors, PlotPanel
 
 
 class IslandPlot(PlotPanel):

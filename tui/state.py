@@ -19,10 +19,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.tui.format import short_id
 from p2p_diloco.tui.source import Snapshot
-
-from p2p_diloco.discovery.records import IslandRecord
 
 HISTORY = 600
 """Samples kept per island and for the swarm (10 minutes at one snapshot a second)."""

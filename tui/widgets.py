@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from p2p_diloco.tui import format as fmt
-from p2p_diloco.tui.plot import PALETTE, Series, bounds, plot, with_axis
-from p2p_diloco.tui.state import IslandView, SwarmState
 from rich.text import Text
 from textual.binding import Binding
 from textual.widgets import DataTable, RichLog, Static
+
+from p2p_diloco.tui import format as fmt
+from p2p_diloco.tui.plot import PALETTE, Series, bounds, plot, with_axis
+from p2p_diloco.tui.state import IslandView, SwarmState
 
 COLUMNS = (("id", "id"), ("address", "address"), ("state", "state"), ("version", "version"), ("behind", "behind"),
            ("age", "age"), ("tokens_per_s", "tok/s"), ("loss", "loss"), ("upload", "up"), ("download", "down"),

@@ -57,7 +57,7 @@ def join(**kw) -> None:
     """Start an island: find the swarm, train rounds, gossip with partners, checkpoint."""
     import torch
 
-    from p2p_diloco.peers.runner import run_island
+    from p2p_diloco.peers.process import run_island
 
     torch.set_num_threads(kw.pop("threads"))
     with user_errors():
