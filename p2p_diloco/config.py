@@ -142,8 +142,8 @@ class DiLoCoConfig:
     mix_at: str = "arrival"
     """When a partner state fetched during a round is mixed. `arrival`: as soon as it arrives, into
     the anchor and the running weights alike, so the rest of the round trains from the mixed point;
-    `round-end`: into the anchor just before the outer step (DESIGN.md step 3). Arrival measured
-    better at every outer lr and momentum tried (BENCHMARKS.md)."""
+    `round-end`: into the anchor just before the outer step (docs/DESIGN.md, section 2, step 5).
+    Arrival measured better at every outer lr and momentum tried (BENCHMARKS.md)."""
     mix_pseudo_gradient: bool = False
     """Average the pseudo-gradient with the partner's last one as well (NoLoCo style). Off by default:
     with one round of delay the partner's last one is stale, and mixing it cost 8.7% (BENCHMARKS.md)."""

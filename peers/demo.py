@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from p2p_diloco.config import DiLoCoConfig
+from p2p_diloco.config import DiLoCoConfig, NetworkConfig
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class DemoConfig:
     bandwidth_mbps: float | None = None
     compare: bool = False
     local_steps: int = DiLoCoConfig.local_steps
-    compression: str = "int8"
+    compression: str = NetworkConfig.compression
     run_id: str = "demo"
     workdir: Path | None = None
     dashboard: bool = False
@@ -188,9 +188,9 @@ def sample_text(checkpoints: Path, prompt: str = "def ", n_bytes: int = 240, see
 
 def baseline_dp(tokens: int, islands: int) -> float:
     """Eval loss of data parallel training (K-times batch every step) at the same total tokens."""
-    from p2p_diloco.config import ModelConfig, TrainConfig
+    from p2p_diloco.config import ModelConfig, SimConfig, TrainConfig
     from p2p_diloco.core.data import load_corpus
-    from p2p_diloco.sim.simulator import SimConfig, Simulation
+    from p2p_diloco.sim.simulator import Simulation
 
     sim = SimConfig(islands=islands, methods=("dp",), tokens=max(tokens, 1))
     return Simulation(sim, ModelConfig(), TrainConfig(), DiLoCoConfig(), load_corpus()).run("dp").eval_loss

@@ -32,7 +32,15 @@ from dataclasses import dataclass, field
 from p2p_diloco.discovery.records import IslandRecord
 
 MIN_BACKOFF_S, MAX_BACKOFF_S = 2.0, 60.0
+"""Backoff after a failed exchange: the first, doubling with each failure in a row, up to the last."""
 RECENT_PARTNERS = 2
+"""Partners remembered for `skip_recent` (early in a round the last two are skipped)."""
+MAX_SPEED_FACTOR = 4.0
+"""A member measured this many times faster than the median weighs at most this many times more."""
+LAST_PARTNER_FACTOR = 0.5
+"""The partner of the previous round weighs this much (variety), unless it is the only candidate."""
+RATE_SMOOTHING = 0.5
+"""Weight of a new measured download rate against the remembered one (exponential average)."""
 
 
 @dataclass
@@ -81,10 +89,10 @@ class PartnerChooser:
         for pid, r in others.items():
             w = 1.0 / (1 + freshest - r.version)
             rate = self.history.get(pid, _PeerHistory()).rate_bps
-            w *= min(4.0, (rate or median_rate) / median_rate)
+            w *= min(MAX_SPEED_FACTOR, (rate or median_rate) / median_rate)
             w /= 1 + r.upload_bps / total_upload
             if pid == self.last and len(others) > 1:
-                w *= 0.5
+                w *= LAST_PARTNER_FACTOR
             weights[pid] = w
         return weights
 
@@ -101,7 +109,7 @@ class PartnerChooser:
     def succeeded(self, peer_id: str, nbytes: int, seconds: float) -> None:
         h = self.history.setdefault(peer_id, _PeerHistory())
         rate = nbytes / max(seconds, 1e-6)
-        h.rate_bps = rate if h.rate_bps is None else 0.5 * h.rate_bps + 0.5 * rate
+        h.rate_bps = rate if h.rate_bps is None else (1 - RATE_SMOOTHING) * h.rate_bps + RATE_SMOOTHING * rate
         h.failures, h.retry_after = 0, 0.0
 
     def failed(self, peer_id: str) -> None:

@@ -11,7 +11,7 @@ it (resume or join) and stops it. One round:
    than two, and the load spreads;
 2. up to H inner steps, stopping early when `round_seconds` is spent (a slow island does fewer
    steps, nobody waits for it), and a few more while most other islands are behind in their
-   rounds (`peers.pacing`); with `mix_at=arrival` (the default) the snapshot is mixed into the
+   rounds (`p2p_diloco.peers.pacing`); with `mix_at=arrival` (the default) the snapshot is mixed into the
    anchor and the running weights between the inner steps it arrives between;
 3. take the snapshot if it arrived after the last inner step (else mix nothing this round), take
    the outer step (`Island.end_round`), publish the new state, announce the record, log metrics.
@@ -51,8 +51,13 @@ from p2p_diloco.peers.partners import PartnerChooser
 
 log = logging.getLogger(__name__)
 ANNOUNCE_EVERY_S = 2.0
+"""Mid-round, the island's record is announced again this often (the dashboard's tokens/s and loss)."""
+FRESH_RECORD_S = 3 * ANNOUNCE_EVERY_S
+"""Pacing counts only records younger than this: a dead island's record lingers until it expires."""
 RETRY_PARTNER_S = 0.5
 """How often a round that found no partner at its start looks again (one may have published since)."""
+ABANDON_FETCH_S = 1.0
+"""On leaving, how long a running fetch may finish before it is abandoned."""
 
 
 @dataclass
@@ -300,7 +305,7 @@ class IslandRunner:
         """Past H: train on while most of the others are behind in their rounds (`max_stretch`)."""
         if rnd.stretch_until is None:
             rnd.stretch_until = time.monotonic() + catch_up_seconds(
-                self.membership.members(), self.peer_id, self.published_at, time.time(), fresh_s=3 * ANNOUNCE_EVERY_S)
+                self.membership.members(), self.peer_id, self.published_at, time.time(), fresh_s=FRESH_RECORD_S)
         return time.monotonic() >= rnd.stretch_until
 
     def _keep_fetching(self, rnd: _Round) -> None:
@@ -362,7 +367,7 @@ class IslandRunner:
         self.state = "leaving"
         if self.group is not None:
             self.group.command(STOP)
-        self.gossip.close(timeout=1.0)
+        self.gossip.close(timeout=ABANDON_FETCH_S)
         self.save_checkpoint()
         final_eval = evaluate(self.island.model, self.evals)
         summary = {"peer_id": self.peer_id, "name": self.name, "initial_loss": self.initial_loss, "eval_loss": final_eval,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from p2p_diloco.config import DiLoCoConfig
+from p2p_diloco.config import DiLoCoConfig, SimConfig
 from p2p_diloco.peers import checkpoint
 from p2p_diloco.peers.demo import DemoConfig, run_swarm
 from p2p_diloco.peers.metrics import read_metrics
@@ -35,14 +35,15 @@ def step_seconds(rows: list[dict]) -> float:
     return sum(r["inner_s"] for r in rows) / max(1, sum(r["steps"] for r in rows))
 
 
-def run_bench_swarm(islands: int = 4, tokens: int = 1_500_000, latency_ms: float = 100.0,
-                    bandwidth_mbps: float | None = 1000.0, compression: str = "int8", local_steps: int = DiLoCoConfig.local_steps,
+def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.tokens,
+                    latency_ms: float = SimConfig.latency_ms, bandwidth_mbps: float | None = SimConfig.bandwidth_mbps,
+                    compression: str = SimConfig.compression, local_steps: int = DiLoCoConfig.local_steps,
                     workdir: Path | None = None, runs: int = 1) -> dict:
     """Run the swarm `runs` times (runs of the same code differ by which partner each island draws
     and when each state lands), then the two simulations once; losses are means over the runs."""
     from p2p_diloco.config import ModelConfig, TrainConfig
     from p2p_diloco.core.data import load_corpus
-    from p2p_diloco.sim.simulator import SimConfig, Simulation
+    from p2p_diloco.sim.simulator import Simulation
 
     train = TrainConfig()
     round_tokens = local_steps * train.batch_size * ModelConfig().resolved()["block_size"]

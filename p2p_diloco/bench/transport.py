@@ -25,10 +25,17 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 RAW_STREAM_CHUNK, RAW_STREAM_WINDOW = 4 * 1024 * 1024, 4
 
+
+FETCH_TIMEOUT_S = 60.0
+"""A benchmark fetch that hears nothing for this long fails (the default is sized for a round)."""
+SERVER_EXIT_S = 20.0
+"""How long the serving process may take to close its servers after its stdin closes."""
+MEMORY_RUN_S = 600.0
+"""Limit of the fresh process that measures the fetcher's memory."""
 
 def _serve_raw(sock: Any, view: memoryview, stop: threading.Event) -> None:
     """Bare ZeroMQ reference: `all` -> the whole buffer in one frame; `off,len` -> that slice."""
@@ -154,74 +161,106 @@ def run(params: int, compression: str = "fp32", latency_ms: float = 0.0, bandwid
     """Run the benchmark (this process fetches); returns the issue's JSON object plus `details`."""
     import torch
 
-    from p2p_diloco.config import NetworkConfig
-    from p2p_diloco.exchange.client import fetch
-
     torch.set_num_threads(1)
     say = log or (lambda msg: None)
-    args = [sys.executable, "-m", "p2p_diloco.bench.transport", "serve", "--params", str(params),
-            "--compression", compression, "--latency-ms", str(latency_ms)]
-    args += ["--bandwidth-mbps", str(bandwidth_mbps)] if bandwidth_mbps else []
     env = dict(os.environ, OMP_NUM_THREADS="1", **({"P2P_DILOCO_BENCH_SECRET": secret} if secret else {}))
-    server = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
+    server, eps = _start_server(params, compression, latency_ms, bandwidth_mbps, env)
     try:
-        line = server.stdout.readline()
-        if not line:
-            raise RuntimeError("the benchmark's server process exited before serving")
-        eps = json.loads(line)
-        nbytes = eps["bytes"]
-        cfg = NetworkConfig(compression=compression, secret=secret)
-
-        def fetch_checked(endpoint: str, config: NetworkConfig) -> Any:
-            snap = fetch(endpoint, config, timeout=60)
-            if float(snap.tensors["phi"].double().sum()) != snap.meta["checksum"] or snap.nbytes != nbytes:
-                raise RuntimeError("fetched state does not match what the server published")
-            return snap
-
-        raw_fetch(eps["raw"], nbytes, raw)  # warm-up: connections, allocator, page cache
-        fetch_checked(eps["plain"], cfg)
-        raw_s, fetch_s = [], []
-        for _ in range(repeat):
-            raw_s.append(raw_fetch(eps["raw"], nbytes, raw))
-            fetch_s.append(fetch_checked(eps["plain"], cfg).seconds)
-        say(f"bare zmq ({raw}) s: {[round(s, 4) for s in raw_s]}; protocol s: {[round(s, 4) for s in fetch_s]}")
-        best, best_raw = min(fetch_s), min(raw_s)
-        out: dict[str, Any] = {"params": params, "bytes": nbytes, "fetch_s": best, "bytes_per_s": nbytes / best,
-                               "raw_zmq_bytes_per_s": nbytes / best_raw, "ratio_to_raw": best_raw / best, "emulated": None}
-        details: dict[str, Any] = {"raw_s": raw_s, "fetch_s": fetch_s}
+        fetch_checked = _checked_fetch(eps["bytes"])
+        out, details = _plain_runs(params, eps, compression, secret, repeat, raw, fetch_checked, say)
         if eps["emulated"]:
-            ecfg = NetworkConfig(compression=compression, secret=secret, latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps)
-            runs = [fetch_checked(eps["emulated"], ecfg) for _ in range(repeat + 1)]  # the first is a cold link
-            rate = bandwidth_mbps * 1e6 / 8 if bandwidth_mbps else None
-            for i, s in enumerate(runs):
-                util = s.stats.transfer_bytes_per_s / rate if rate else None
-                say(f"emulated run {i}{' (cold link)' if i == 0 else ''}: {s.seconds:.3f} s, end-to-end "
-                    f"{s.nbytes / s.seconds / 1e6:.1f} MB/s, transfer {s.stats.transfer_bytes_per_s / 1e6:.1f} MB/s, "
-                    f"utilization {util if util is None else round(util, 4)}, rtt {s.stats.rtt_s * 1e3:.1f} ms, "
-                    f"peak window {s.stats.peak_window_bytes / 2**20:.1f} MiB, chunk {s.stats.chunk_bytes // 1024} KiB")
-            b = min(runs[1:], key=lambda s: s.seconds)
-            out["emulated"] = {"latency_ms": latency_ms, "bandwidth_mbps": bandwidth_mbps, "bytes_per_s": nbytes / b.seconds,
-                               "link_utilization": b.stats.transfer_bytes_per_s / rate if rate else None}
-            details["emulated_s"] = [s.seconds for s in runs]
+            out["emulated"], details["emulated_s"] = _emulated_runs(eps, compression, secret, latency_ms, bandwidth_mbps,
+                                                                    repeat, fetch_checked, say)
         if memory:
-            mem = subprocess.run([sys.executable, "-m", "p2p_diloco.bench.transport", "memory", eps["plain"],
-                                  "--compression", compression], env=env, capture_output=True, text=True, timeout=600)
-            if mem.returncode:
-                raise RuntimeError(f"memory measurement failed: {mem.stderr[-2000:]}")
-            details["memory"] = json.loads(mem.stdout)
-            m = details["memory"]
-            say(f"fetcher peak extra memory: {m['peak_extra_bytes'] / 2**20:.1f} MiB (state {m['state_bytes'] / 2**20:.1f} MiB"
-                f" + peak window {m['peak_window_bytes'] / 2**20:.1f} MiB; ru_maxrss says {m['maxrss_extra_bytes'] / 2**20:.1f} MiB)")
+            details["memory"] = _memory_run(eps["plain"], compression, env, say)
         out["details"] = details
         return out
     finally:
         if server.poll() is None:
             server.stdin.close()
             try:
-                server.wait(20)
+                server.wait(SERVER_EXIT_S)
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
+
+
+def _start_server(params: int, compression: str, latency_ms: float, bandwidth_mbps: float | None,
+                  env: dict[str, str]) -> tuple[subprocess.Popen, dict[str, Any]]:
+    """The serving process and the endpoints it printed (plain, emulated, raw) with the state's size."""
+    args = [sys.executable, "-m", "p2p_diloco.bench.transport", "serve", "--params", str(params),
+            "--compression", compression, "--latency-ms", str(latency_ms)]
+    args += ["--bandwidth-mbps", str(bandwidth_mbps)] if bandwidth_mbps else []
+    server = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
+    line = server.stdout.readline()
+    if not line:
+        server.wait()
+        raise RuntimeError("the benchmark's server process exited before serving")
+    return server, json.loads(line)
+
+
+def _checked_fetch(nbytes: int) -> Callable[[str, Any], Any]:
+    """A fetch that fails unless it returns exactly what the server published."""
+    from p2p_diloco.exchange.client import fetch
+
+    def fetch_checked(endpoint: str, config: Any) -> Any:
+        snap = fetch(endpoint, config, timeout=FETCH_TIMEOUT_S)
+        if float(snap.tensors["phi"].double().sum()) != snap.meta["checksum"] or snap.nbytes != nbytes:
+            raise RuntimeError("fetched state does not match what the server published")
+        return snap
+
+    return fetch_checked
+
+
+def _plain_runs(params: int, eps: dict, compression: str, secret: str | None, repeat: int, raw: str, fetch_checked: Callable,
+                say: Callable[[str], None]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The protocol against bare ZeroMQ, interleaved, best of `repeat` after a warm-up of each."""
+    from p2p_diloco.config import NetworkConfig
+
+    nbytes, cfg = eps["bytes"], NetworkConfig(compression=compression, secret=secret)
+    raw_fetch(eps["raw"], nbytes, raw)  # warm-up: connections, allocator, page cache
+    fetch_checked(eps["plain"], cfg)
+    raw_s, fetch_s = [], []
+    for _ in range(repeat):
+        raw_s.append(raw_fetch(eps["raw"], nbytes, raw))
+        fetch_s.append(fetch_checked(eps["plain"], cfg).seconds)
+    say(f"bare zmq ({raw}) s: {[round(s, 4) for s in raw_s]}; protocol s: {[round(s, 4) for s in fetch_s]}")
+    best, best_raw = min(fetch_s), min(raw_s)
+    out = {"params": params, "bytes": nbytes, "fetch_s": best, "bytes_per_s": nbytes / best,
+           "raw_zmq_bytes_per_s": nbytes / best_raw, "ratio_to_raw": best_raw / best, "emulated": None}
+    return out, {"raw_s": raw_s, "fetch_s": fetch_s}
+
+
+def _emulated_runs(eps: dict, compression: str, secret: str | None, latency_ms: float, bandwidth_mbps: float | None,
+                   repeat: int, fetch_checked: Callable, say: Callable[[str], None]) -> tuple[dict[str, Any], list[float]]:
+    """Fetches over the emulated link (the first on a cold link, not counted): the best one's figures."""
+    from p2p_diloco.config import NetworkConfig
+
+    cfg = NetworkConfig(compression=compression, secret=secret, latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps)
+    runs = [fetch_checked(eps["emulated"], cfg) for _ in range(repeat + 1)]
+    rate = bandwidth_mbps * 1e6 / 8 if bandwidth_mbps else None
+    for i, s in enumerate(runs):
+        util = s.stats.transfer_bytes_per_s / rate if rate else None
+        say(f"emulated run {i}{' (cold link)' if i == 0 else ''}: {s.seconds:.3f} s, end-to-end "
+            f"{s.nbytes / s.seconds / 1e6:.1f} MB/s, transfer {s.stats.transfer_bytes_per_s / 1e6:.1f} MB/s, "
+            f"utilization {util if util is None else round(util, 4)}, rtt {s.stats.rtt_s * 1e3:.1f} ms, "
+            f"peak window {s.stats.peak_window_bytes / 2**20:.1f} MiB, chunk {s.stats.chunk_bytes // 1024} KiB")
+    b = min(runs[1:], key=lambda s: s.seconds)
+    figures = {"latency_ms": latency_ms, "bandwidth_mbps": bandwidth_mbps, "bytes_per_s": eps["bytes"] / b.seconds,
+               "link_utilization": b.stats.transfer_bytes_per_s / rate if rate else None}
+    return figures, [s.seconds for s in runs]
+
+
+def _memory_run(endpoint: str, compression: str, env: dict[str, str], say: Callable[[str], None]) -> dict[str, Any]:
+    """The fetcher's peak extra memory, measured in a fresh process."""
+    mem = subprocess.run([sys.executable, "-m", "p2p_diloco.bench.transport", "memory", endpoint,
+                          "--compression", compression], env=env, capture_output=True, text=True, timeout=MEMORY_RUN_S)
+    if mem.returncode:
+        raise RuntimeError(f"memory measurement failed: {mem.stderr[-2000:]}")
+    m = json.loads(mem.stdout)
+    say(f"fetcher peak extra memory: {m['peak_extra_bytes'] / 2**20:.1f} MiB (state {m['state_bytes'] / 2**20:.1f} MiB"
+        f" + peak window {m['peak_window_bytes'] / 2**20:.1f} MiB; ru_maxrss says {m['maxrss_extra_bytes'] / 2**20:.1f} MiB)")
+    return m
 
 
 def main(argv: list[str] | None = None) -> None:

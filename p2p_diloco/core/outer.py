@@ -3,7 +3,7 @@
 Pure functions on flat fp32 tensors, no model and no network, so the simulator and the real
 islands share them exactly and the unit tests can check them against hand-computed values.
 
-Notation (DESIGN.md section 1): `phi` anchor, `m` outer momentum, `delta = phi - theta` the
+Notation (docs/DESIGN.md, section 2): `phi` anchor, `m` outer momentum, `delta = phi - theta` the
 pseudo-gradient of one round, `a` the partner's mixing weight.
 """
 

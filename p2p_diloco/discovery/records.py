@@ -79,7 +79,7 @@ class IslandRecord:
     """Unix time the island started."""
     published_at: float = 0.0
     """Unix time the island published its current state (0 before its first round ended): a
-    round ends with a publish, so this is the phase of its rounds (`peers.pacing`)."""
+    round ends with a publish, so this is the phase of its rounds (`p2p_diloco.peers.pacing`)."""
     timestamp: float = 0.0
     """Unix time this record was made."""
 

@@ -64,6 +64,46 @@ class Snapshot:
     manifest: wire.Manifest = field(repr=False)
 
 
+VERIFY_BACKLOG = 2
+"""Chunks beyond the newest that may wait for their digest check: memory beyond the state is the
+window plus at most three received chunks."""
+
+
+@dataclass
+class _Transfer:
+    """One fetch's progress: the chunk requests in flight and the received chunks awaiting their check."""
+
+    inflight: deque
+    """(offset, length, rid, sent at, or None for a chunk the HELLO prefetched), in request order."""
+    next_off: int
+    """Offset of the next chunk to ask for."""
+    in_bytes: int
+    """Bytes asked for and not yet received."""
+    stall: float
+    """The fetch fails if no chunk arrives before this monotonic time."""
+    chunks: int = 0
+    verifying: deque = field(default_factory=deque)
+    """Digest and finiteness checks running on the verify thread, oldest first."""
+
+    @classmethod
+    def after(cls, hello: wire.Hello, m: wire.Manifest, stall: float) -> _Transfer:
+        """The transfer as the HELLO left it: the server streams its prefetched chunks unasked."""
+        inflight = deque((off, n, hello.rid, None) for off, n in wire.prefetch_plan(m.total, m.block, hello.prefetch,
+                                                                                    hello.chunk))
+        next_off = inflight[-1][0] + inflight[-1][1] if inflight else 0
+        return cls(inflight=inflight, next_off=next_off, in_bytes=next_off, stall=stall)
+
+    def collect_done(self) -> None:
+        """Take the results of the checks that have finished (raises what a failed one found)."""
+        while self.verifying and self.verifying[0].done():
+            _checked(self.verifying.popleft())
+
+    def collect_down_to(self, backlog: int) -> None:
+        """Wait for the oldest checks until at most `backlog` are still running."""
+        while len(self.verifying) > backlog:
+            _checked(self.verifying.popleft())
+
+
 class Fetcher:
     """A connection to one peer's snapshot server; reuse it to fetch from that peer repeatedly."""
 
@@ -111,13 +151,13 @@ class Fetcher:
 
     def fetch(self, timeout: float | None = None) -> Snapshot:
         """Download the peer's latest snapshot whole; `timeout` is the longest wait for progress."""
-        cfg, timeout = self.config, timeout or self.config.fetch_timeout_s
+        timeout = timeout or self.config.fetch_timeout_s
         self._drain_monitor(busy=False)
+        cfg = self.config
         ctl = flowcontrol.WindowController(min_chunk=cfg.min_chunk_bytes, max_chunk=cfg.max_chunk_bytes,
                                            initial_window=cfg.initial_window_bytes, max_window=cfg.max_window_bytes,
                                            prior=flowcontrol.remembered(self.endpoint))
-        first = self._rid + 1
-        t0 = time.monotonic()
+        first, t0 = self._rid + 1, time.monotonic()
         hello = wire.Hello(rid=self._next_rid(), prefetch=ctl.window_bytes(wire.MIN_CHUNK),
                            chunk=ctl.chunk_bytes(wire.MIN_CHUNK))
         self._send(hello)
@@ -125,47 +165,50 @@ class Fetcher:
         ctl.on_rtt(time.monotonic() - t0)
         if m.state_bytes > cfg.max_state_bytes:
             raise BadPayload(f"{self.endpoint} offers {m.state_bytes} bytes of state, over max_state_bytes")
-        asm = payload.Assembler(m)
-        # (offset, length, rid, sent at or None when prefetched)
-        inflight = deque((off, n, hello.rid, None) for off, n in wire.prefetch_plan(m.total, m.block, hello.prefetch, hello.chunk))
-        next_off = inflight[-1][0] + inflight[-1][1] if inflight else 0
-        in_bytes = next_off
-        chunks = 0
-        verifying: deque[Future] = deque()  # digest and finiteness checks running on the verify thread
-        stall = time.monotonic() + timeout
+        asm, tr = payload.Assembler(m), _Transfer.after(hello, m, time.monotonic() + timeout)
         while not asm.done:
-            while verifying and verifying[0].done():
-                _checked(verifying.popleft())
-            window = ctl.window_bytes(m.block)
-            while next_off < m.total and in_bytes < window and len(inflight) < wire.MAX_INFLIGHT:
-                n = min(ctl.chunk_bytes(m.block), m.total - next_off)
-                req = wire.GetChunk(rid=self._next_rid(), sid=m.sid, offset=next_off, length=n)
-                self._send(req)
-                inflight.append((next_off, n, req.rid, time.monotonic()))
-                next_off += n
-                in_bytes += n
-            reply = self._wait(stall, m, first, timeout)
-            now = time.monotonic()
-            if reply.rid < first:
-                continue  # a late answer to an earlier, abandoned exchange
-            if not isinstance(reply, wire.ChunkReply):
-                raise ProtocolError(f"{self.endpoint} sent an unexpected {type(reply).__name__} mid-transfer")
-            off, n, rid, sent = inflight.popleft()
-            if (reply.sid, reply.offset, reply.length, reply.rid) != (m.sid, off, n, rid):
-                raise ProtocolError(f"{self.endpoint} sent chunk [{reply.offset}, +{reply.length}) of {reply.sid} "
-                                    f"(rid {reply.rid}); expected [{off}, +{n}) of {m.sid} (rid {rid})")
-            ctl.on_delivery(n, now)
-            if sent is not None:
-                ctl.on_rtt(now - sent)
-            chunks, stall = chunks + 1, now + timeout
-            verifying.append(self._verifier().submit(asm.verify, reply.offset, reply.payload))
-            asm.decode(reply.offset, reply.payload)  # meanwhile, on this thread
-            in_bytes -= n
-            while len(verifying) > 2:  # at most 3 chunks wait for their check, beyond the window
-                _checked(verifying.popleft())
-        while verifying:
-            _checked(verifying.popleft())
-        seconds = time.monotonic() - t0
+            tr.collect_done()
+            self._request_window(tr, ctl, m)
+            reply = self._wait(tr.stall, m, first, timeout)
+            if reply.rid >= first:  # else a late answer to an earlier, abandoned exchange
+                self._take_chunk(tr, ctl, asm, m, reply, timeout)
+        tr.collect_down_to(0)
+        return self._finished(asm, m, ctl, tr.chunks, time.monotonic() - t0)
+
+    def _request_window(self, tr: _Transfer, ctl: flowcontrol.WindowController, m: wire.Manifest) -> None:
+        """Ask for chunks until the window (and the protocol's request limit) is full."""
+        window = ctl.window_bytes(m.block)
+        while tr.next_off < m.total and tr.in_bytes < window and len(tr.inflight) < wire.MAX_INFLIGHT:
+            n = min(ctl.chunk_bytes(m.block), m.total - tr.next_off)
+            req = wire.GetChunk(rid=self._next_rid(), sid=m.sid, offset=tr.next_off, length=n)
+            self._send(req)
+            tr.inflight.append((tr.next_off, n, req.rid, time.monotonic()))
+            tr.next_off += n
+            tr.in_bytes += n
+
+    def _take_chunk(self, tr: _Transfer, ctl: flowcontrol.WindowController, asm: payload.Assembler,
+                    m: wire.Manifest, reply: Any, timeout: float) -> None:
+        """Check that a reply is the next chunk asked for, measure the link by it, and decode it
+        while the verify thread checks its digests and values."""
+        now = time.monotonic()
+        if not isinstance(reply, wire.ChunkReply):
+            raise ProtocolError(f"{self.endpoint} sent an unexpected {type(reply).__name__} mid-transfer")
+        off, n, rid, sent = tr.inflight.popleft()
+        if (reply.sid, reply.offset, reply.length, reply.rid) != (m.sid, off, n, rid):
+            raise ProtocolError(f"{self.endpoint} sent chunk [{reply.offset}, +{reply.length}) of {reply.sid} "
+                                f"(rid {reply.rid}); expected [{off}, +{n}) of {m.sid} (rid {rid})")
+        ctl.on_delivery(n, now)
+        if sent is not None:
+            ctl.on_rtt(now - sent)
+        tr.chunks, tr.stall = tr.chunks + 1, now + timeout
+        tr.verifying.append(self._verifier().submit(asm.verify, reply.offset, reply.payload))
+        asm.decode(reply.offset, reply.payload)  # meanwhile, on this thread
+        tr.in_bytes -= n
+        tr.collect_down_to(VERIFY_BACKLOG)
+
+    def _finished(self, asm: payload.Assembler, m: wire.Manifest, ctl: flowcontrol.WindowController, chunks: int,
+                  seconds: float) -> Snapshot:
+        """The whole, checked snapshot, with the link's figures (remembered for the next fetch)."""
         flowcontrol.remember(self.endpoint, ctl.estimate())
         busy = seconds - ctl.min_rtt  # a request's trip out and the last byte's trip back are unavoidable
         stats = FetchStats(rtt_s=ctl.min_rtt, link_bytes_per_s=ctl.bandwidth, peak_window_bytes=ctl.peak_window,

@@ -5,7 +5,7 @@ The publisher pays once (encode, copy, hash every block) so that serving is zero
 one buffer. The receiver checks every block's XXH3-128 digest against the manifest and every value
 for finiteness as the bytes arrive, and decodes each chunk straight into the fp32 destination
 tensors, so a fetch holds no more than the state itself plus the chunks in flight. Bytes only:
-no sockets here (see `transport.py`), no message framing (see `wire.py`).
+no sockets here (see `server.py` and `client.py`), no message framing (see `wire.py`).
 """
 
 from __future__ import annotations

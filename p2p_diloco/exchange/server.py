@@ -10,7 +10,7 @@ the server carries on. Payload chunks are zero-copy slices of the snapshot buffe
 The fetching side (DEALER) lives in `client.py`.
 
 Swarm secret: the server demands CURVE with keys derived from the secret, and a ZAP handler admits
-only the derived client key (see `zmqbase.py`): a peer without the secret can neither read state
+only the derived client key (see `sockets.py`): a peer without the secret can neither read state
 nor get a request accepted.
 """
 

@@ -18,7 +18,6 @@ bytes over bandwidth. Compute time is accounted, not slept, so results depend on
 from __future__ import annotations
 
 import logging
-import math
 import random
 from dataclasses import dataclass, field
 
@@ -30,9 +29,20 @@ from p2p_diloco.core.data import BatchSampler, Corpus, eval_batches
 from p2p_diloco.core.inner import InnerLoop, evaluate
 from p2p_diloco.core.island import Island, load_vector
 from p2p_diloco.core.model import build_model
-from p2p_diloco.core.outer import PartnerState, mix
+from p2p_diloco.core.outer import PartnerState
+from p2p_diloco.sim.gossip import GossipRun
 
 log = logging.getLogger(__name__)
+
+ISLAND_SEED_STRIDE = 1000
+"""Island i of a run with seed s draws its batches from seed `s * ISLAND_SEED_STRIDE + i` (apart for
+up to this many islands)."""
+EVAL_SEED_OFFSET = 991
+"""The held-out batches are drawn from `seed + EVAL_SEED_OFFSET`, apart from every island's batches."""
+EVAL_BATCH_SIZE = 32
+"""Sequences per held-out batch."""
+
+
 @dataclass
 class MethodResult:
     eval_loss: float
@@ -59,7 +69,8 @@ class Simulation:
         self.step_tokens = train_cfg.batch_size * self.block
         steps_per_island = max(1, sim.tokens // (sim.islands * self.step_tokens))
         self.train_cfg = TrainConfig(**{**train_cfg.__dict__, "total_steps": steps_per_island})
-        self.evals = eval_batches(corpus.val, self.block, sim.eval_batches, 32, seed=sim.seed + 991)
+        self.evals = eval_batches(corpus.val, self.block, sim.eval_batches, EVAL_BATCH_SIZE,
+                                  seed=sim.seed + EVAL_SEED_OFFSET)
         self.progress = progress or (lambda method, done, total, loss: None)
 
     # -- shared pieces -------------------------------------------------------------------------
@@ -68,9 +79,9 @@ class Simulation:
         return build_model(self.model_cfg)
 
     def _sampler(self, i: int, batch: int | None = None) -> BatchSampler:
-        return BatchSampler(self.corpus.train, self.block, batch or self.train_cfg.batch_size, self.sim.seed * 1000 + i)
+        return BatchSampler(self.corpus.train, self.block, batch or self.train_cfg.batch_size, self.sim.seed * ISLAND_SEED_STRIDE + i)
 
-    def _islands(self) -> list[Island]:
+    def islands(self) -> list[Island]:
         base = self._model()
         out = []
         for i in range(self.sim.islands):
@@ -87,10 +98,10 @@ class Simulation:
         """Held-out loss of a flat parameter vector on this simulation's evaluation batches."""
         return self._eval_vector(build_model(self.model_cfg), vec)
 
-    def _link_seconds(self, nbytes: int, hops: int = 1) -> float:
+    def link_seconds(self, nbytes: int, hops: int = 1) -> float:
         return hops * self.sim.latency_ms / 1000 + nbytes * 8 / (self.sim.bandwidth_mbps * 1e6)
 
-    def _result(self, islands: list[Island], tokens: int, bytes_per_island: float, t: float, util: float) -> MethodResult:
+    def result(self, islands: list[Island], tokens: int, bytes_per_island: float, t: float, util: float) -> MethodResult:
         probe = islands[0].model
         losses = [self._eval_vector(probe, isl.state.phi) for isl in islands]
         consensus = self._eval_vector(probe, torch.stack([isl.state.phi for isl in islands]).mean(0))
@@ -99,9 +110,8 @@ class Simulation:
     def run(self, method: str) -> MethodResult:
         return {"gossip": self._gossip, "allreduce": self._allreduce, "dp": self._dp}[method]()
 
-
     # -- gossip --------------------------------------------------------------------------------
-    def _snapshot(self, island: Island) -> PartnerState:
+    def snapshot(self, island: Island) -> PartnerState:
         """What a partner would receive: the published state after the codec's round trip."""
         s, c = island.state, self.sim.compression
         send_m = self.diloco.momentum == "mixed"
@@ -116,103 +126,18 @@ class Simulation:
         return parts * codecs.encoded_nbytes(n, self.sim.compression)
 
     def _gossip(self) -> MethodResult:
-        sim, K, H, dl = self.sim, self.sim.islands, self.diloco.local_steps, self.diloco
-        islands = self._islands()
-        rng = random.Random(sim.seed)
-        round_seconds = dl.round_seconds or H * sim.step_seconds
-        nbytes = self.state_bytes(islands[0].state.phi.numel())
-        fetch_s = self._link_seconds(nbytes, hops=2)
-        published = [self._snapshot(isl) for isl in islands]
-        sent, busy, idle, rounds = [0] * K, [0.0] * K, [0.0] * K, [0] * K
-        plan: list[dict] = [{} for _ in range(K)]
-        tokens, t_end = 0, 0.0
-
-        def online(j: int, t: float) -> bool:
-            return not (plan[j].get("offline") and t < plan[j]["end"])
-
-        def choose(i: int, t: float) -> int | None:
-            shift = 1 + random.Random(sim.seed * 7919 + rounds[i]).randrange(K - 1)
-            j = (i + shift) % K  # one shift per round index: a permutation when islands are in step
-            if online(j, t):
-                return j
-            others = [o for o in range(K) if o != i and online(o, t)]
-            return rng.choice(others) if others else None
-
-        committed = 0  # tokens of rounds started so far: the last rounds are cut to land on the budget
-
-        def start(i: int, t: float) -> None:
-            nonlocal committed
-            remaining = sim.tokens - committed if sim.time_budget is None else math.inf
-            if remaining < self.step_tokens:
-                plan[i] = {"offline": True, "end": math.inf}
-                return
-            if rng.random() < sim.drop_prob:
-                plan[i] = {"offline": True, "end": t + round_seconds}
-                return
-            dt = sim.step_seconds / sim.speed(i)
-            steps = max(1, min(H, math.floor(round_seconds / dt + 1e-9), remaining // self.step_tokens))
-            committed += steps * self.step_tokens
-            p = {"steps": steps, "busy": steps * dt, "end": t + steps * dt, "partner": None, "arrives_after": steps}
-            if sim.mix_delay == 1 and (j := choose(i, t)) is not None:
-                p["partner"] = published[j]
-                sent[j] += nbytes
-                idle[i] += max(0.0, fetch_s - p["busy"])
-                p["end"] = t + max(p["busy"], fetch_s)
-                if dl.mix_at == "arrival":  # mixed between the inner steps it arrives between
-                    p["arrives_after"] = min(steps, math.ceil(fetch_s / dt - 1e-9))
-            plan[i] = p
-
-        for i in range(K):
-            start(i, 0.0)
-        total_steps = max(1, sim.tokens // self.step_tokens)
-        while True:
-            t = min(p["end"] for p in plan)
-            if t == math.inf or (sim.time_budget is not None and t > sim.time_budget):
-                break
-            group = [i for i in range(K) if abs(plan[i]["end"] - t) < 1e-9]
-            trained = [i for i in group if not plan[i].get("offline")]
-            for i in trained:
-                isl, p = islands[i], plan[i]
-                for step in range(p["steps"]):
-                    if step == p["arrives_after"]:
-                        isl.mix_arrived(p["partner"])
-                    isl.inner_step()
-                late = p["partner"] is not None and p["arrives_after"] == p["steps"]
-                isl.end_round([p["partner"]] if late else [])
-                busy[i] += p["busy"]
-                rounds[i] += 1
-                tokens += p["steps"] * self.step_tokens
-            next_t = t
-            if sim.mix_delay == 0 and trained:
-                fresh = {i: self._snapshot(islands[i]) for i in trained}
-                views = [fresh.get(j, published[j]) for j in range(K)]
-                for i in trained:
-                    if (j := choose(i, t)) is not None:
-                        isl = islands[i]
-                        mix(isl.state, views[j], isl.weigh([views[j]])[0][1], dl)
-                        isl.begin_round()
-                        sent[j] += nbytes
-                        idle[i] += fetch_s
-                next_t = t + fetch_s
-            for i in trained:
-                published[i] = self._snapshot(islands[i])
-            t_end = t
-            self.progress("gossip", tokens // self.step_tokens, total_steps, islands[trained[0]].last_loss if trained else None)
-            for i in group:
-                start(i, next_t)
-        util = sum(busy) / max(1e-9, sum(busy) + sum(idle))
-        return self._result(islands, tokens, sum(sent) / K, t_end, util)
+        return GossipRun(self).run()
 
     # -- synchronous baselines -----------------------------------------------------------------
     def _ring_seconds(self, nbytes: int) -> tuple[float, float]:
         """(seconds, bytes sent per island) of a ring all-reduce of `nbytes` over K islands."""
         K = self.sim.islands
         per_island = 2 * (K - 1) / K * nbytes
-        return self._link_seconds(int(per_island), hops=2 * (K - 1)), per_island
+        return self.link_seconds(int(per_island), hops=2 * (K - 1)), per_island
 
     def _allreduce(self) -> MethodResult:
         sim, K, H = self.sim, self.sim.islands, self.diloco.local_steps
-        islands = self._islands()
+        islands = self.islands()
         rng = random.Random(sim.seed)
         n = islands[0].state.phi.numel()
         comm_s, per_island = self._ring_seconds(codecs.encoded_nbytes(n, sim.compression))
@@ -241,7 +166,7 @@ class Simulation:
             busy += sum(compute.values())
             idle += len(present) * round_s - sum(compute.values())
             self.progress("allreduce", tokens // self.step_tokens, total_steps, islands[present[0]].last_loss)
-        return self._result(islands, tokens, sent, t, busy / max(1e-9, busy + idle))
+        return self.result(islands, tokens, sent, t, busy / max(1e-9, busy + idle))
 
     def _dp(self) -> MethodResult:
         sim, K = self.sim, self.sim.islands

@@ -1,0 +1,134 @@
+"""The simulator's `gossip` method: asynchronous gossip DiLoCo on a virtual clock.
+
+Each island's round is planned when it starts (`_plan`): how many inner steps fit, when it ends,
+whom it fetches from and after how many steps that state arrives. The clock then jumps from one
+round's end to the next (`run`): the islands whose rounds end at that time train them (`_train`),
+exchange at once if `mix_delay=0` (`_exchange_now`), publish, and plan their next round. Compute
+time is accounted, not slept, so a run depends only on the seed.
+
+Partners: one shift per round index, `j = i + shift (mod K)`, drawn from the round number, so
+while the islands are in step each round's choice is a permutation (every island serves one
+fetch), as partner choice spreads the load in the real swarm; an offline partner is replaced by a
+random online one.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import TYPE_CHECKING
+
+from p2p_diloco.core.outer import PartnerState, mix
+
+if TYPE_CHECKING:
+    from p2p_diloco.sim.simulator import MethodResult, Simulation
+
+PARTNER_SEED_STRIDE = 7919
+"""The partner shift of round r is drawn from `seed * PARTNER_SEED_STRIDE + r` (a prime: the
+seeds of different runs do not overlap for any realistic round count)."""
+
+
+class GossipRun:
+    """One run of the `gossip` method over a `Simulation`'s islands, data and link."""
+
+    def __init__(self, simulation: Simulation) -> None:
+        self.s, self.sim, self.dl = simulation, simulation.sim, simulation.diloco
+        K = self.sim.islands
+        self.islands = simulation.islands()
+        self.rng = random.Random(self.sim.seed)
+        self.round_seconds = self.dl.round_seconds or self.dl.local_steps * self.sim.step_seconds
+        self.nbytes = simulation.state_bytes(self.islands[0].state.phi.numel())
+        self.fetch_s = simulation.link_seconds(self.nbytes, hops=2)
+        self.published = [simulation.snapshot(isl) for isl in self.islands]
+        self.sent, self.busy, self.idle, self.rounds = [0] * K, [0.0] * K, [0.0] * K, [0] * K
+        self.plans: list[dict] = [{} for _ in range(K)]
+        self.tokens = 0
+        self.committed = 0
+        """Tokens of the rounds started so far: the last rounds are cut to land on the budget."""
+
+    def _online(self, j: int, t: float) -> bool:
+        return not (self.plans[j].get("offline") and t < self.plans[j]["end"])
+
+    def _choose(self, i: int, t: float) -> int | None:
+        K = self.sim.islands
+        shift = 1 + random.Random(self.sim.seed * PARTNER_SEED_STRIDE + self.rounds[i]).randrange(K - 1)
+        j = (i + shift) % K
+        if self._online(j, t):
+            return j
+        others = [o for o in range(K) if o != i and self._online(o, t)]
+        return self.rng.choice(others) if others else None
+
+    def _plan(self, i: int, t: float) -> None:
+        """Plan island i's round starting at virtual time t: steps, end, partner, arrival."""
+        sim, step_tokens = self.sim, self.s.step_tokens
+        remaining = sim.tokens - self.committed if sim.time_budget is None else math.inf
+        if remaining < step_tokens:
+            self.plans[i] = {"offline": True, "end": math.inf}
+            return
+        if self.rng.random() < sim.drop_prob:
+            self.plans[i] = {"offline": True, "end": t + self.round_seconds}
+            return
+        dt = sim.step_seconds / sim.speed(i)
+        steps = max(1, min(self.dl.local_steps, math.floor(self.round_seconds / dt + 1e-9), remaining // step_tokens))
+        self.committed += steps * step_tokens
+        p = {"steps": steps, "busy": steps * dt, "end": t + steps * dt, "partner": None, "arrives_after": steps}
+        if sim.mix_delay == 1 and (j := self._choose(i, t)) is not None:
+            p["partner"] = self.published[j]
+            self.sent[j] += self.nbytes
+            self.idle[i] += max(0.0, self.fetch_s - p["busy"])
+            p["end"] = t + max(p["busy"], self.fetch_s)
+            if self.dl.mix_at == "arrival":  # mixed between the inner steps it arrives between
+                p["arrives_after"] = min(steps, math.ceil(self.fetch_s / dt - 1e-9))
+        self.plans[i] = p
+
+    def _train(self, i: int) -> None:
+        """Island i's planned round: inner steps, the partner mixed when it arrives, the outer step."""
+        isl, p = self.islands[i], self.plans[i]
+        for step in range(p["steps"]):
+            if step == p["arrives_after"]:
+                isl.mix_arrived(p["partner"])
+            isl.inner_step()
+        late = p["partner"] is not None and p["arrives_after"] == p["steps"]
+        isl.end_round([p["partner"]] if late else [])
+        self.busy[i] += p["busy"]
+        self.rounds[i] += 1
+        self.tokens += p["steps"] * self.s.step_tokens
+
+    def _exchange_now(self, trained: list[int], t: float) -> float:
+        """`mix_delay=0`: each island that just ended a round fetches a partner's state of the same
+        round and waits for it; returns when the next rounds start."""
+        fresh = {i: self.s.snapshot(self.islands[i]) for i in trained}
+        views: list[PartnerState] = [fresh.get(j, self.published[j]) for j in range(self.sim.islands)]
+        for i in trained:
+            if (j := self._choose(i, t)) is not None:
+                isl = self.islands[i]
+                mix(isl.state, views[j], isl.weigh([views[j]])[0][1], self.dl)
+                isl.begin_round()
+                self.sent[j] += self.nbytes
+                self.idle[i] += self.fetch_s
+        return t + self.fetch_s
+
+    def run(self) -> MethodResult:
+        sim, K = self.sim, self.sim.islands
+        for i in range(K):
+            self._plan(i, 0.0)
+        total_steps = max(1, sim.tokens // self.s.step_tokens)
+        t_end = 0.0
+        while True:
+            t = min(p["end"] for p in self.plans)
+            if t == math.inf or (sim.time_budget is not None and t > sim.time_budget):
+                break
+            group = [i for i in range(K) if abs(self.plans[i]["end"] - t) < 1e-9]
+            trained = [i for i in group if not self.plans[i].get("offline")]
+            for i in trained:
+                self._train(i)
+            next_t = self._exchange_now(trained, t) if sim.mix_delay == 0 and trained else t
+            for i in trained:
+                self.published[i] = self.s.snapshot(self.islands[i])
+            t_end = t
+            self.s.progress("gossip", self.tokens // self.s.step_tokens, total_steps,
+                            self.islands[trained[0]].last_loss if trained else None)
+            for i in group:
+                self._plan(i, next_t)
+        util = sum(self.busy) / max(1e-9, sum(self.busy) + sum(self.idle))
+        return self.s.result(self.islands, self.tokens, sum(self.sent) / K, t_end, util)
