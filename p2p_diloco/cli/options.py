@@ -126,7 +126,8 @@ def discovery_kind_option(help: str) -> Callable:
 def discovery_options(required: bool = False) -> Callable:
     """`--bootstrap`, `--run-id` and `--discovery` in one decorator."""
     bootstrap = click.option(
-        "--bootstrap", "bootstrap", multiple=True, required=required, metavar="ADDR", envvar="P2P_DILOCO_BOOTSTRAP",
+        "--bootstrap", "bootstrap", multiple=True, required=required, default=DiscoveryConfig.bootstrap, metavar="ADDR",
+        envvar="P2P_DILOCO_BOOTSTRAP",
         help="Bootstrap address, repeatable: the /ip4/.../p2p/... multiaddr or the tcp://HOST:PORT rendezvous "
              "that `p2p-diloco bootstrap` prints. Joining works if any of them answers.",
     )

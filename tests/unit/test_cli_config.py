@@ -1,5 +1,8 @@
 """`--config FILE`: TOML defaults per command, below environment variables and flags, and checked."""
 
+from pathlib import Path
+
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -44,3 +47,52 @@ def test_file_sets_defaults_below_environment_and_flags(tmp_path, monkeypatch):
     assert p["outer_lr"] == 0.9  # the environment beats the file
     assert p["islands"] == 5  # a flag beats both
     assert resolved(config, ["bench", "swarm"])["islands"] == 2  # nested tables for subcommands
+
+
+
+def _sections(*names: str) -> list:
+    from p2p_diloco import config
+    from p2p_diloco.peers.demo import DemoConfig
+
+    return [DemoConfig if n == "DemoConfig" else getattr(config, n) for n in names]
+
+
+SECTIONS = {
+    # command: (config sections, first match wins; options named differently from their field)
+    "join": (("IslandConfig", "NetworkConfig", "DiLoCoConfig", "TrainConfig", "ModelConfig", "DiscoveryConfig"),
+             {"model_size": "size", "host": "bind_host", "fetch_timeout": "fetch_timeout_s"}),
+    "simulate": (("SimConfig", "DiLoCoConfig", "TrainConfig", "ModelConfig"), {"model_size": "size"}),
+    "demo": (("DemoConfig",), {}),
+    "status": (("DiscoveryConfig",), {"timeout": "connect_timeout"}),
+    "dashboard": (("DiscoveryConfig",), {"refresh": "poll"}),
+    "bootstrap": (("DiscoveryConfig",), {}),
+    "bench swarm": (("SimConfig", "DiLoCoConfig"), {}),
+}
+
+
+@pytest.mark.parametrize("path", sorted(SECTIONS))
+def test_every_option_that_sets_a_config_field_defaults_to_that_field(path):
+    """A default is written once, in the config dataclasses: an option that sets a field has its default."""
+    import dataclasses
+
+    command = main
+    for name in path.split():
+        command = command.commands[name]
+    names, renamed = SECTIONS[path]
+    sections = _sections(*names)
+    checked, ctx = [], click.Context(command)
+    for param in command.params:
+        field = renamed.get(param.name, param.name)
+        owner = next((c for c in sections if field in {f.name for f in dataclasses.fields(c)}), None)
+        if owner is None:
+            continue
+        default = getattr(owner, field)
+        if isinstance(default, tuple) and param.name == "methods":
+            default = ",".join(default)  # a comma list on the command line
+        if isinstance(default, Path):
+            default = str(default)
+        shown = param.get_default(ctx)
+        assert shown == default or (shown is None and default == ()), \
+            f"{path} --{param.name.replace('_', '-')} defaults to {shown!r}; {owner.__name__}.{field} is {default!r}"
+        checked.append(param.name)
+    assert checked, f"{path}: no option matched a config field"
