@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 
 import pytest
@@ -21,10 +22,14 @@ def test_bench_swarm_repeats_the_swarm_and_averages_its_runs(procs, tmp_path):
     for k, run in enumerate(out["per_run"]):
         assert run["workdir"] == str(tmp_path / f"run-{k}")
         assert run["tokens_per_island"] == [20480, 20480]
-        assert all(loss < 5.0 for loss in run["per_island_eval_loss"]), run  # 5.35 at the start
+        assert all(math.isfinite(loss) and loss < 5.0 for loss in run["per_island_eval_loss"]), run  # 5.35 at the start
         assert all(0.5 < u <= 1.0 for u in run["utilization"]), run
-        assert run["step_seconds"] > 0
-    mean = sum(r["swarm_eval_loss"] for r in out["per_run"]) / 2
-    assert out["swarm_eval_loss"] == pytest.approx(mean)
-    assert out["ratio_to_dp"] == pytest.approx(mean / out["dp_eval_loss"])
-    assert out["ratio_to_sim_gossip"] == pytest.approx(mean / out["sim_gossip_eval_loss"])
+        assert 0 < run["step_seconds"] < 10, run
+        # not bytes_moved > 0: in 2 rounds at most one fetch lands per run, and one run in five measured had none
+    # the swarm and both simulations learned, and the swarm lands near its simulation and data parallel
+    # (measured: 4.27 for the swarm, 4.26 simulated, 4.29 data parallel)
+    for key in ("swarm_eval_loss", "sim_gossip_eval_loss", "dp_eval_loss"):
+        assert math.isfinite(out[key]) and out[key] < 5.0, out
+    assert 0.9 < out["ratio_to_dp"] < 1.05, out
+    assert 0.95 < out["ratio_to_sim_gossip"] < 1.05, out
+    assert 0.5 < out["utilization_min"] <= 1.0, out

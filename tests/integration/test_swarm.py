@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import statistics
 import time
@@ -9,7 +10,19 @@ import time
 import pytest
 from swarm_harness import IslandProc, run_until_mixed, start_bootstrap, wait_until
 
+from p2p_diloco.errors import TransportError
+from p2p_diloco.exchange.client import fetch_manifest
+
 pytestmark = pytest.mark.timeout(240)
+
+
+def _serves(endpoint: str) -> bool:
+    """Whether the island at `endpoint` serves a snapshot yet."""
+    try:
+        fetch_manifest(endpoint, timeout=2.0)
+        return True
+    except TransportError:
+        return False
 
 
 def test_islands_learn_and_gossip_over_the_dht(procs, tmp_path):
@@ -131,8 +144,12 @@ def test_islands_launched_together_wait_for_each_other(procs, tmp_path):
     """`--wait-for 2`: the first island holds its first round until a second one is in the run."""
     _, entry = start_bootstrap(procs, tmp_path)
     first = IslandProc(procs, tmp_path, "first", entry, "-H", "10", "--max-rounds", "3", "--wait-for", "2")
-    first.peer_id  # it is up; give it time to reach the wait (a round here takes well under a second)
-    time.sleep(5)
+    first.peer_id  # waits for its island.json, which names its endpoint
+    endpoint = json.loads((first.run_dir / "island.json").read_text())["endpoint"]
+    # it publishes its starting state just before it waits: from then on a round could start
+    wait_until(lambda: _serves(endpoint), 90, "the first island to publish its starting state and wait", step=0.2)
+    # alone for the time of several rounds (a round here takes well under a second): the waiting under test
+    time.sleep(2)
     assert first.rounds() == [], "the first island trained alone"
     t_second = time.time()
     second = IslandProc(procs, tmp_path, "second", entry, "-H", "10", "--max-rounds", "3", "--wait-for", "2")

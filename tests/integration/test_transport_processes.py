@@ -17,6 +17,7 @@ import time
 
 import pytest
 import torch
+from discovery_harness import wait_until
 from transport_peer import Peer, make_state, start_server
 
 from p2p_diloco.config import NetworkConfig
@@ -41,6 +42,14 @@ def _fetch_in_thread(endpoint: str, cfg: NetworkConfig, timeout: float = 30.0):
     return t, box
 
 
+def _wait_mid_transfer(peer: Peer, total: int, sent: int = 2**20) -> None:
+    """Wait until the server has put `sent` bytes of a transfer on its (emulated) link, and check
+    that the transfer of `total` bytes is still going: the moment a fault is injected."""
+    stats = wait_until(lambda: (st := peer.cmd("stats"))["bytes_sent"] >= sent and st, 30,
+                       f"the server to send the first {sent} bytes of the transfer")
+    assert stats["bytes_sent"] < total, f"the transfer was over before the fault: {stats}"
+
+
 def test_fetch_across_processes_returns_exactly_what_was_published(procs):
     _, endpoint = start_server(procs, "--numel", "300000", "--version", "4")
     m = fetch_manifest(endpoint, timeout=30)
@@ -54,7 +63,7 @@ def test_server_killed_mid_transfer_fails_the_fetch_fast_and_whole(procs):
     # 6 MB over an emulated 20 Mbit/s link: about 2.4 s of transfer to interrupt
     peer, endpoint = start_server(procs, "--numel", "1000000", "--bandwidth-mbps", "20")
     t, box = _fetch_in_thread(endpoint, NetworkConfig(), timeout=30)
-    time.sleep(0.8)
+    _wait_mid_transfer(peer, 6_000_000)
     killed = time.monotonic()
     os.kill(peer.proc.pid, signal.SIGKILL)
     t.join(40)
@@ -66,7 +75,7 @@ def test_fetcher_killed_mid_transfer_leaves_the_server_serving(procs):
     peer, endpoint = start_server(procs, "--numel", "1000000", "--bandwidth-mbps", "20")
     fetcher = Peer(procs, "fetch", endpoint)  # a second child process
     assert fetcher.next()["event"] == "start"
-    time.sleep(1.0)  # the child is mid-transfer
+    _wait_mid_transfer(peer, 6_000_000)  # the child is mid-transfer
     os.kill(fetcher.proc.pid, signal.SIGKILL)
     t0 = time.monotonic()
     snap = fetch(endpoint, timeout=30)
@@ -79,7 +88,7 @@ def test_fetcher_killed_mid_transfer_leaves_the_server_serving(procs):
 def test_stalled_server_times_out(procs):
     peer, endpoint = start_server(procs, "--numel", "1000000", "--bandwidth-mbps", "40")
     t, box = _fetch_in_thread(endpoint, NetworkConfig(), timeout=1.0)
-    time.sleep(0.5)
+    _wait_mid_transfer(peer, 6_000_000)
     os.kill(peer.proc.pid, signal.SIGSTOP)
     stopped = time.monotonic()
     t.join(30)
@@ -93,7 +102,7 @@ def test_publish_while_fetching_gives_the_old_version_whole_or_version_gone(proc
     # 15 MB at an emulated 60 Mbit/s: 2 s, longer than the first window (8 MiB) takes
     peer, endpoint = start_server(procs, "--numel", "2500000", "--bandwidth-mbps", "60", "--retain", str(retain))
     t, box = _fetch_in_thread(endpoint, NetworkConfig(), timeout=30)
-    time.sleep(0.7)
+    _wait_mid_transfer(peer, 15_000_000)  # the chunks past the first window are mostly still to be asked for
     assert peer.cmd("publish 2") == {"published": 2}
     t.join(60)
     if retain == 2:  # the old snapshot is still served: the fetch completes with version 1, whole
@@ -115,10 +124,10 @@ def test_client_without_the_secret_is_refused(procs):
             fetch_manifest(endpoint, cfg, timeout=10)
     snap = fetch(endpoint, NetworkConfig(secret="swarm-7f3a"), timeout=30)
     assert torch.equal(snap.tensors["m"], make_state(100_000, 1)["m"])
-    deadline = time.monotonic() + 5
-    while (stats := peer.cmd("stats"))["auth_refused"] < 4 and time.monotonic() < deadline:
-        time.sleep(0.05)  # the server counts refusals from its socket monitor, a moment later
-    assert stats["auth_refused"] >= 4 and stats["manifests_served"] == 1  # nothing reached the protocol
+    # the server counts refusals from its socket monitor, a moment later
+    stats = wait_until(lambda: (st := peer.cmd("stats"))["auth_refused"] >= 4 and st, 5,
+                       "the server to count the 4 refused handshakes")
+    assert stats["manifests_served"] == 1, stats  # nothing reached the protocol
 
 
 def test_fetcher_peak_memory_is_the_state_plus_the_window(procs):

@@ -30,10 +30,16 @@ def _record(server: SnapshotServer, version: int) -> IslandRecord:
     return IslandRecord(peer_id="partner", endpoint=server.endpoint, version=version, tokens=1, state="training")
 
 
-def _result(worker: GossipWorker, timeout: float = 10.0):
+def _wait_for(cond, timeout: float, what: str):
     deadline = time.monotonic() + timeout
-    while worker.busy and time.monotonic() < deadline:
+    while not (value := cond()):
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
         time.sleep(0.01)
+    return value
+
+
+def _result(worker: GossipWorker, timeout: float = 10.0):
+    _wait_for(lambda: not worker.busy, timeout, "the fetch to finish")
     return worker.take()
 
 
@@ -51,13 +57,17 @@ def test_fetches_the_latest_state_and_hands_it_out_once(server):
 def test_waits_for_the_partner_to_publish_the_version_asked_for(server):
     _publish(server, 3)
     worker = GossipWorker(NET, timeout_s=5.0)
-    assert worker.start(_record(server, 3), min_version=4, wait_until=time.monotonic() + 5.0)
-    time.sleep(0.4)
+    started = time.monotonic()
+    assert worker.start(_record(server, 3), min_version=4, wait_until=started + 5.0)
+    # the worker has asked for the manifest, been told version 3, and asked again: it is waiting
+    _wait_for(lambda: server.stats()["manifests_served"] >= 3, 5.0, "the worker to ask for the manifest 3 times")
     assert worker.busy and not worker.start(_record(server, 3))  # one fetch at a time
+    published = time.monotonic()
     _publish(server, 4)
     result = _result(worker)
     assert result.snapshot.version == 4
-    assert 0.3 < result.waited_s < 2.0, result.waited_s
+    # it waited until the publish, and learned of it within a poll or two
+    assert published - started - 0.1 < result.waited_s < published - started + 1.0, (result.waited_s, published - started)
     assert result.seconds < 1.0  # the transfer alone, so the partner's link rate is not blamed for the wait
 
 
