@@ -129,7 +129,7 @@ def test_killed_island_resumes_from_its_checkpoint_and_catches_up(procs, tmp_pat
         o.wait_rounds(len(o.rounds()) + 4, 90)
     b = IslandProc(procs, tmp_path, "a", entry, "-H", "8", "--resume", "--max-rounds", str(saved["round"] + 3),
                    run_dir=a.run_dir)
-    s = b.summary(120)
+    b.summary(120)  # waits for the resumed island to finish its rounds
     resumed = [r for r in b.rounds() if r["round"] > saved["round"]]
     assert resumed[0]["round"] == saved["round"] + 1  # continued its own count from the checkpoint
     assert resumed[0]["version"] > saved["version"]
