@@ -142,3 +142,37 @@ def test_any_reachable_rendezvous_is_enough(swarm):
         assert watcher.bootstrap_nodes == {server.address: "test-node"}
     finally:
         watcher.shutdown()
+
+
+@pytest.mark.timeout(90)
+def test_an_observer_process_reports_the_run_and_fails_clearly(swarm):
+    """ObserverProcess (the dashboard's reader) sees what an in-process observer sees, refreshes on
+    demand, says why it cannot watch, and reports a child that died instead of going stale."""
+    import os
+    import signal
+
+    from p2p_diloco.discovery.observer import ObserverProcess
+    from p2p_diloco.errors import DiscoveryError
+
+    server, a, b, c, recs = swarm
+    config = DiscoveryConfig(run_id="r1", bootstrap=(server.address,), discovery="zmq", expiry=8.0, refresh=1.0,
+                             poll=0.25)
+    watcher = ObserverProcess(config)
+    try:
+        assert watcher.kind == "zmq"
+        members = watcher.refresh(5.0)
+        assert members == {a.peer_id: recs[a.peer_id], b.peer_id: recs[b.peer_id]}  # checked again, record by record
+        with pytest.raises(DiscoveryError, match="cannot announce"):
+            watcher.announce(recs[a.peer_id])
+        os.kill(watcher._proc.pid, signal.SIGKILL)
+        watcher._proc.wait(10)
+        with pytest.raises(DiscoveryError, match="observer process exited"):
+            watcher.members()
+    finally:
+        watcher.shutdown()
+        watcher.shutdown()  # idempotent
+    dead_port = free_port_pair()
+    unreachable = DiscoveryConfig(run_id="r1", bootstrap=(f"tcp://127.0.0.1:{dead_port}",), discovery="zmq",
+                                  connect_timeout=0.5)
+    with pytest.raises(DiscoveryError, match="no rendezvous answered within 0.5 s"):
+        ObserverProcess(unreachable)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -11,6 +14,26 @@ from p2p_diloco.tui import make_app
 from p2p_diloco.tui.screens import DetailScreen
 from p2p_diloco.tui.widgets import EventLog, PeersTable, SwarmHeader
 from rich.console import Console
+
+
+WATCH_IN_FRESH_INTERPRETER = """
+import json, sys, threading
+from p2p_diloco.config import DiscoveryConfig
+from p2p_diloco.tui import MembershipSource
+config = DiscoveryConfig(**json.loads(sys.argv[1]))
+want, seen, done = set(json.loads(sys.argv[2])), [], threading.Event()
+def deliver(snap):
+    if snap.records and want <= set(snap.records):
+        seen.append(snap.kind)
+        done.set()
+source = MembershipSource(config, retry=0.5)
+source.start(deliver)
+done.wait(90)
+source.stop()
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "hivemind") or m.startswith("p2p_diloco.core"))
+print(json.dumps({"kind": seen[0] if seen else None, "heavy": heavy}))
+"""
+"""A dashboard source in a fresh interpreter; argv: DiscoveryConfig fields, the peer ids to wait for."""
 
 
 def cell(table: PeersTable, peer_id: str, column: str) -> str:
@@ -134,42 +157,13 @@ def test_dashboard_over_the_dht(dht_swarm):
                     "both versions to grow")
 
     run_app(scenario, app)
-
-
-WATCH_IN_FRESH_INTERPRETER = """
-import json, sys, threading
-from p2p_diloco.config import DiscoveryConfig
-from p2p_diloco.tui import MembershipSource
-config = DiscoveryConfig(**json.loads(sys.argv[1]))
-want, seen, done = set(json.loads(sys.argv[2])), [], threading.Event()
-def deliver(snap):
-    if snap.records and want <= set(snap.records):
-        seen.append(snap.kind)
-        done.set()
-source = MembershipSource(config, retry=0.5)
-source.start(deliver)
-done.wait(90)
-source.stop()
-heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "hivemind") or m.startswith("p2p_diloco.core"))
-print(json.dumps({"kind": seen[0] if seen else None, "heavy": heavy}))
-"""
-
-
-@pytest.mark.timeout(240)
-def test_watching_a_dht_run_loads_neither_torch_nor_the_training_core(dht_swarm):
-    """The dashboard's source reads a DHT run through a child process; its own interpreter stays light."""
-    import json
-    import subprocess
-    import sys
-
-    swarm = dht_swarm
-    swarm.start_bootstrap()
-    ids = [i.peer_id for i in swarm.add_islands(1)]
+    # the dashboard's source watching the same run from a fresh interpreter: the DHT back-end runs in
+    # the observer's child process, so the dashboard's own interpreter loads neither torch nor the core
     fields = {**swarm.config(connect_timeout=30.0).__dict__}
     fields["bootstrap"] = list(fields["bootstrap"])
-    out = subprocess.run([sys.executable, "-c", WATCH_IN_FRESH_INTERPRETER, json.dumps(fields), json.dumps(ids)],
+    out = subprocess.run([sys.executable, "-c", WATCH_IN_FRESH_INTERPRETER, json.dumps(fields), json.dumps(sorted(ids))],
                          capture_output=True, text=True, timeout=150)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.splitlines()[-1])
-    assert result["kind"] == "dht", f"the island was never seen over the DHT: {out.stderr[-2000:]}"
+    assert result["kind"] == "dht", f"the islands were never seen over the DHT: {out.stderr[-2000:]}"
     assert result["heavy"] == []
