@@ -54,6 +54,8 @@ DHT_REPLICAS = 20
 node holds every record, so the frequent poll is a local read and a tombstone is seen at the next one."""
 GET_TIMEOUT = 15.0
 """A DHT read or store that has not finished after this long is given up."""
+DHT_ALIVE_CHECK_S = 0.1
+"""While waiting on the DHT process, check this often that it still runs."""
 _UNREACHABLE_MARKERS = ("failed to connect to bootstrap peers", "none of the initial_peers responded")
 
 
@@ -319,11 +321,22 @@ class DhtMembership(BackgroundMembership):
             self._wake.wait(timeout=max(0.01, min(due) - time.monotonic()))
 
     def _wait(self, future: Any, what: str) -> Any:
-        try:
-            return future.result(timeout=GET_TIMEOUT)
-        except Exception as e:
-            logger.info("%s failed: %s: %s", what, type(e).__name__, e)
-            return None
+        """The future's result, or None when it fails, times out, or the DHT process is gone (a
+        signal to the whole process group stops it too: waiting on it would only hold up the exit)."""
+        deadline = time.monotonic() + GET_TIMEOUT
+        while True:
+            try:
+                return future.result(timeout=DHT_ALIVE_CHECK_S)
+            except FutureTimeout:
+                if not self.dht.is_alive():
+                    logger.info("%s: the DHT process has stopped", what)
+                    return None
+                if time.monotonic() >= deadline:
+                    logger.info("%s: no answer within %.0f s", what, GET_TIMEOUT)
+                    return None
+            except Exception as e:
+                logger.info("%s failed: %s: %s", what, type(e).__name__, e)
+                return None
 
 
 def _reconnect_with(maddrs: list[str]) -> Any:
