@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+GROUP_EXIT_S = 5.0
+"""A member stopped together with its process group exits within this (it leaves without a tombstone)."""
 MEMBER = str(HERE / "discovery_member.py")
 
 
@@ -180,6 +182,13 @@ def run_swarm(procs, tmp: Path, kind: str, *, n: int = 8, expiry: float = 6.0, r
 
     t0 = victim.signal(signal.SIGKILL, group=True)
     figures["sigkill_s"] = max(departure_times(rest, victim.peer_id, t0, expiry + 10))
+
+    # SIGTERM to a member's whole process group (a terminal's Ctrl+C, killpg): the DHT process stops
+    # with it, and the member must still leave at once rather than wait on it (it waited 15 s)
+    grouped, rest = rest[-1], rest[:-1]
+    t0 = grouped.signal(signal.SIGTERM, group=True)
+    assert grouped.proc.wait(GROUP_EXIT_S) == 0 and grouped.first("left"), "a member stopped with its group hung"
+    figures["group_exit_s"] = time.time() - t0
 
     survivors = {m.peer_id for m in rest}
     os.killpg(boot.proc.pid, signal.SIGKILL)
