@@ -86,6 +86,11 @@ class BackgroundMembership(Membership):
     `_polls` (notifying `_poll_done`) as it reads the swarm, and calls `_log_view()` after each read.
     """
 
+    _leave_timeout: float = 5.0
+    """How long `leave` waits for the thread to send the tombstone."""
+    _join_timeout: float = 10.0
+    """How long `shutdown` waits for the thread to stop."""
+
     def __init__(self, config: DiscoveryConfig, observer: bool) -> None:
         self.config, self.observer = config, observer
         self._lock = threading.Lock()
@@ -105,9 +110,6 @@ class BackgroundMembership(Membership):
     @abc.abstractmethod
     def _run(self) -> None:
         """The background thread: owns the back-end's connections until `_stop` is set."""
-
-    _leave_timeout: float = 5.0
-    _join_timeout: float = 10.0
 
     @abc.abstractmethod
     def _live_records(self) -> dict[str, IslandRecord]:
