@@ -10,8 +10,9 @@ The two talk in JSON lines. Child to parent, on stdout:
 
 - `{"type": "ready", "kind": "dht"|"zmq", "peer_id": str}` once the observer is open;
 - `{"type": "error", "message": str}` if it could not be opened (the child then exits);
-- `{"type": "members", "seq": int, "records": [IslandRecord.to_dict(), ...]}` after each read:
-  every `poll` seconds, and at once after a request.
+- `{"type": "members", "answered": int, "records": [IslandRecord.to_dict(), ...]}` after each
+  read: every `poll` seconds, and at once after a `refresh` request; `answered` counts the
+  requests whose read this list includes.
 
 Parent to child, on stdin: `refresh` (read the swarm now). The child exits when its stdin closes,
 so it never outlives its parent. Every record is checked again here (`IslandRecord.from_dict`);
@@ -27,7 +28,6 @@ import queue
 import subprocess
 import sys
 import threading
-from itertools import count
 from typing import Any
 
 from p2p_diloco.config import DiscoveryConfig
@@ -51,7 +51,7 @@ class ObserverProcess(Membership):
         self.config = config
         self._cond = threading.Condition()
         self._records: dict[str, IslandRecord] = {}
-        self._seq = -1
+        self._asked = self._answered = 0
         self._hello: dict[str, Any] | None = None
         self._closed = False
         args = json.dumps({**dataclasses.asdict(config), "bootstrap": list(config.bootstrap)})
@@ -83,14 +83,14 @@ class ObserverProcess(Membership):
 
     def refresh(self, timeout: float = 10.0) -> dict[str, IslandRecord]:
         with self._cond:
-            target = self._seq + 1
-        try:
-            self._proc.stdin.write("refresh\n")
-            self._proc.stdin.flush()
-        except (BrokenPipeError, ValueError, OSError) as e:
-            raise DiscoveryError("the observer process exited") from e
-        with self._cond:
-            self._cond.wait_for(lambda: self._seq >= target or self._proc.poll() is not None, timeout)
+            self._asked += 1
+            target = self._asked
+            try:
+                self._proc.stdin.write("refresh\n")
+                self._proc.stdin.flush()
+            except (BrokenPipeError, ValueError, OSError) as e:
+                raise DiscoveryError("the observer process exited") from e
+            self._cond.wait_for(lambda: self._answered >= target or self._proc.poll() is not None, timeout)
         return self.members()
 
     def leave(self) -> None:
@@ -119,7 +119,7 @@ class ObserverProcess(Membership):
                 if msg.get("type") == "members":
                     records = {r.peer_id: r for r in map(IslandRecord.from_dict, msg["records"])}
                     with self._cond:
-                        self._records, self._seq = records, int(msg["seq"])
+                        self._records, self._answered = records, int(msg["answered"])
                         self._cond.notify_all()
                 elif msg.get("type") in ("ready", "error"):
                     with self._cond:
@@ -159,10 +159,11 @@ def _serve(config: DiscoveryConfig) -> int:
 
     threading.Thread(target=read_stdin, name="observer-requests", daemon=True).start()
     emit({"type": "ready", "kind": membership.kind, "peer_id": membership.peer_id})
+    answered = 0
     with membership:
-        for seq in count():
+        while True:
             records = membership.members()
-            emit({"type": "members", "seq": seq, "records": [r.to_dict() for r in records.values()]})
+            emit({"type": "members", "answered": answered, "records": [r.to_dict() for r in records.values()]})
             try:
                 request = requests.get(timeout=config.poll)
             except queue.Empty:
@@ -171,6 +172,7 @@ def _serve(config: DiscoveryConfig) -> int:
                 break
             if request == "refresh":
                 membership.refresh(config.connect_timeout)
+                answered += 1
     return 0
 
 
