@@ -296,7 +296,7 @@ class IslandRunner:
             if self.cfg.slowdown > 1:
                 time.sleep((self.cfg.slowdown - 1) * (time.monotonic() - step_start))
             if time.monotonic() - rnd.last_announce >= ANNOUNCE_EVERY_S:  # keep watchers current mid-round
-                self.membership.announce(self.record(isl.round_steps * isl.tokens_per_step / (time.monotonic() - rnd.start)))
+                self.membership.announce(self.record(self._tokens_per_s(isl.round_steps, time.monotonic() - rnd.start)))
                 rnd.last_announce = time.monotonic()
             if self.diloco.round_seconds and time.monotonic() - rnd.start >= self.diloco.round_seconds:
                 break

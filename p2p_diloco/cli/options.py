@@ -118,11 +118,6 @@ def network_config(kw: dict) -> NetworkConfig:
                          secret=kw.pop("secret"), fetch_timeout_s=kw.pop("fetch_timeout"))
 
 
-def discovery_kind_option(help: str) -> Callable:
-    return click.option("--discovery", type=click.Choice(DISCOVERY_KINDS), default=DiscoveryConfig.discovery,
-                        show_default=True, envvar="P2P_DILOCO_DISCOVERY", help=help)
-
-
 def discovery_options(required: bool = False) -> Callable:
     """`--bootstrap`, `--run-id` and `--discovery` in one decorator."""
     bootstrap = click.option(
@@ -133,8 +128,10 @@ def discovery_options(required: bool = False) -> Callable:
     )
     run_id = click.option("--run-id", default=DiscoveryConfig.run_id, show_default=True, envvar="P2P_DILOCO_RUN_ID",
                           help="Name of the training run (runs sharing a bootstrap node never see each other).")
-    kind = discovery_kind_option("dht: hivemind DHT; zmq: ZeroMQ rendezvous and peer exchange (no libp2p); "
-                                 "auto: the DHT, or ZeroMQ with a warning when the libp2p daemon cannot start.")
+    kind = click.option("--discovery", type=click.Choice(DISCOVERY_KINDS), default=DiscoveryConfig.discovery,
+                        show_default=True, envvar="P2P_DILOCO_DISCOVERY",
+                        help="dht: hivemind DHT; zmq: ZeroMQ rendezvous and peer exchange (no libp2p); "
+                             "auto: the DHT, or ZeroMQ with a warning when the libp2p daemon cannot start.")
 
     def decorate(f: Callable) -> Callable:
         return bootstrap(run_id(kind(f)))

@@ -14,6 +14,10 @@ from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.errors import P2PDiLoCoError
 
 
+DASHBOARD_CONNECT_S = 5.0
+"""How long the dashboard waits for a bootstrap node before it shows `disconnected` and retries."""
+
+
 @click.command()
 @discovery_options(required=True)
 @click.option("--json", "as_json", is_flag=True, help="Print {run_id, islands, discovery} as JSON.")
@@ -53,10 +57,6 @@ def dashboard(bootstrap, run_id, discovery, refresh, expiry):
     config = discovery_config(bootstrap, run_id, discovery, poll=min(refresh, expiry), expiry=expiry,
                               refresh=min(DiscoveryConfig.refresh, expiry / 2), connect_timeout=DASHBOARD_CONNECT_S)
     sys.exit(run_dashboard(MembershipSource(config)))
-
-
-DASHBOARD_CONNECT_S = 5.0
-"""How long the dashboard waits for a bootstrap node before it shows `disconnected` and retries."""
 
 
 def format_islands(records: dict[str, IslandRecord] | list[IslandRecord], now: float) -> str:

@@ -91,10 +91,23 @@ class IslandRecordValidator(RecordValidatorBase):
             value = DHTProtocol.serializer.loads(record.value)
             if not (isinstance(subkey, bytes) and _OWNER_KEY_RE.search(subkey)):
                 return False
-            return value is None or IslandRecord.from_dict(value).peer_id == fingerprint(subkey)
+            owned_record(subkey, value)
+            return True
         except (DiscoveryError, TypeError, ValueError) as e:
             logger.debug("refused a record under the run's key: %s", e)
             return False
+
+
+def owned_record(subkey: Any, value: Any) -> IslandRecord | None:
+    """The record stored under an owner subkey (None for a tombstone); `DiscoveryError` when it is
+    malformed or its `peer_id` is not the fingerprint of the subkey. Nodes check records with it
+    before they store them, readers again after they fetch them."""
+    if value is None:
+        return None
+    record = IslandRecord.from_dict(value)
+    if not isinstance(subkey, bytes) or record.peer_id != fingerprint(subkey):
+        raise DiscoveryError(f"record peer_id {record.peer_id!r} is not the fingerprint of its owner key")
+    return record
 
 
 _OWNER_KEY_RE = re.compile(RSASignatureValidator.PUBLIC_KEY_REGEX)
@@ -250,17 +263,10 @@ class DhtMembership(BackgroundMembership):
         fresh: dict[bytes, tuple[IslandRecord | None, float]] = {}
         if found is not None and isinstance(found.value, dict):
             for subkey, item in found.value.items():
-                record = None
-                if item.value is not None:
-                    try:
-                        record = IslandRecord.from_dict(item.value)
-                    except (DiscoveryError, TypeError) as e:
-                        logger.info("ignoring a malformed island record: %s", e)
-                        continue
-                    if not isinstance(subkey, bytes) or record.peer_id != fingerprint(subkey):
-                        logger.info("ignoring a record whose peer_id does not match its owner key")
-                        continue
-                fresh[subkey] = (record, item.expiration_time)
+                try:
+                    fresh[subkey] = (owned_record(subkey, item.value), item.expiration_time)
+                except (DiscoveryError, TypeError) as e:
+                    logger.info("ignoring an island record: %s", e)
         now = get_dht_time()
         with self._lock:
             for subkey, (record, exp) in fresh.items():

@@ -34,7 +34,7 @@ class GossipRun:
     def __init__(self, simulation: Simulation) -> None:
         self.s, self.sim, self.dl = simulation, simulation.sim, simulation.diloco
         K = self.sim.islands
-        self.islands = simulation.islands()
+        self.islands = simulation.make_islands()
         self.rng = random.Random(self.sim.seed)
         self.round_seconds = self.dl.round_seconds or self.dl.local_steps * self.sim.step_seconds
         self.nbytes = simulation.state_bytes(self.islands[0].state.phi.numel())

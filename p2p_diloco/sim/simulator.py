@@ -81,7 +81,7 @@ class Simulation:
     def _sampler(self, i: int, batch: int | None = None) -> BatchSampler:
         return BatchSampler(self.corpus.train, self.block, batch or self.train_cfg.batch_size, self.sim.seed * ISLAND_SEED_STRIDE + i)
 
-    def islands(self) -> list[Island]:
+    def make_islands(self) -> list[Island]:
         base = self._model()
         out = []
         for i in range(self.sim.islands):
@@ -137,7 +137,7 @@ class Simulation:
 
     def _allreduce(self) -> MethodResult:
         sim, K, H = self.sim, self.sim.islands, self.diloco.local_steps
-        islands = self.islands()
+        islands = self.make_islands()
         rng = random.Random(sim.seed)
         n = islands[0].state.phi.numel()
         comm_s, per_island = self._ring_seconds(codecs.encoded_nbytes(n, sim.compression))
