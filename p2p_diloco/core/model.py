@@ -1,9 +1,10 @@
-"""A small byte-level GPT in the style of nanoGPT's `model.py`.
+"""A GPT in the style of nanoGPT's `model.py`, its vocabulary set by the data.
 
 Pre-LayerNorm transformer blocks, causal self-attention through
 `torch.nn.functional.scaled_dot_product_attention`, learned positional embeddings and a language
-model head tied to the token embedding. The vocabulary is the 256 byte values, so the model needs
-no tokenizer and its loss is in nats per byte.
+model head tied to the token embedding. The vocabulary comes from the corpus
+(`p2p_diloco.core.data.Corpus.vocab_size`): the 256 byte values for text, which needs no tokenizer
+and gives a loss in nats per byte, or the tokenizer's vocabulary for token shards (nats per token).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 VOCAB_SIZE = 256
-
+"""The byte vocabulary, the default for text data."""
 
 
 class CausalSelfAttention(nn.Module):
@@ -60,15 +61,16 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, n_layer: int, n_head: int, n_embd: int, block_size: int, dropout: float = 0.0) -> None:
+    def __init__(self, n_layer: int, n_head: int, n_embd: int, block_size: int, dropout: float = 0.0,
+                 vocab_size: int = VOCAB_SIZE) -> None:
         super().__init__()
-        self.block_size = block_size
-        self.wte = nn.Embedding(VOCAB_SIZE, n_embd)
+        self.block_size, self.vocab_size = block_size, vocab_size
+        self.wte = nn.Embedding(vocab_size, n_embd)
         self.wpe = nn.Embedding(block_size, n_embd)
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(n_embd)
-        self.lm_head = nn.Linear(n_embd, VOCAB_SIZE, bias=False)
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # scaled init of residual projections (GPT-2)
@@ -97,13 +99,13 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))  # (B, T, V)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, VOCAB_SIZE), targets.reshape(-1))
+            loss = F.cross_entropy(logits.view(-1, self.vocab_size), targets.reshape(-1))
         return logits, loss
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.8, top_k: int | None = 40,
                  generator: torch.Generator | None = None) -> torch.Tensor:
-        """Sample `max_new_tokens` bytes after the prompt `idx` of shape (B, T)."""
+        """Sample `max_new_tokens` tokens after the prompt `idx` of shape (B, T)."""
         for _ in range(max_new_tokens):
             cond = idx[:, -self.block_size :]
             logits, _ = self(cond)
@@ -116,6 +118,6 @@ class GPT(nn.Module):
         return idx
 
 
-def build_model(cfg) -> GPT:
-    """Build a GPT from a `ModelConfig` (preset plus explicit overrides)."""
-    return GPT(**cfg.resolved(), dropout=cfg.dropout)
+def build_model(cfg, vocab_size: int = VOCAB_SIZE) -> GPT:
+    """Build a GPT from a `ModelConfig` (preset plus explicit overrides) for the data's vocabulary."""
+    return GPT(**cfg.resolved(), dropout=cfg.dropout, vocab_size=vocab_size)
