@@ -11,6 +11,7 @@ import math
 import torch
 
 from p2p_diloco.config import TrainConfig
+from p2p_diloco.core.device import autocast
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -44,7 +45,10 @@ class InnerLoop:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.model.train()
-        _, loss = self.model(x, y)
+        device = _device(self.model)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast(device, self.cfg.precision):  # bf16: matmuls in bf16, weights and Adam state stay fp32
+            _, loss = self.model(x, y)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.cfg.grad_clip > 0:
@@ -54,11 +58,20 @@ class InnerLoop:
         return loss.item()
 
 
+def _device(model: torch.nn.Module) -> torch.device:
+    """Where the model lives: batches follow it there (the data loader stays on the host)."""
+    return next(model.parameters()).device
+
+
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
+             precision: str = "fp32") -> float:
     """Mean cross-entropy (nats per byte) of `model` over fixed validation batches."""
     was_training = model.training
     model.eval()
-    total = sum(model(x, y)[1].item() for x, y in batches) / len(batches)
+    device = _device(model)
+    with autocast(device, precision):
+        total = sum(model(x.to(device, non_blocking=True), y.to(device, non_blocking=True))[1].item()
+                    for x, y in batches) / len(batches)
     model.train(was_training)
     return total
