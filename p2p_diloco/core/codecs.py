@@ -114,20 +114,22 @@ def all_finite(x: torch.Tensor) -> bool:
 
 
 def decode_range_into(out: torch.Tensor, buf: torch.Tensor, codec: str, start: int,
-                      scales: torch.Tensor | None = None) -> torch.Tensor:
+                      scales: torch.Tensor | None = None, dst_start: int | None = None) -> torch.Tensor:
     """Decode values `[start, start + n)` of one tensor into `out[start:start + n]`, from a slice.
 
     Lets a receiver decode chunk by chunk, without a second full-size buffer. `out` is the flat fp32
     destination; `buf` a flat uint8 slice holding the values' fp32/bf16/fp16 bytes, or, for int8,
     the values' codes, with `scales` the tensor's whole fp32 scale vector. Returns the filled view.
-    Gives bit-for-bit what `decode` gives for the same values.
+    Gives bit-for-bit what `decode` gives for the same values. `dst_start` writes them at
+    `out[dst_start:]` instead (a destination that holds only a slice of the tensor).
     """
+    at = start if dst_start is None else dst_start
     check_codec(codec)
     if codec == "int8":
         if scales is None:
             raise CodecError("int8 range decoding needs the tensor's scales")
         n = buf.numel()
-        dst = out[start : start + n]
+        dst = out[at : at + n]
         dst.copy_(buf.view(torch.int8))  # codes as floats, then scaled block by block in place
         i = 0  # position in this slice
         while i < n:
@@ -145,9 +147,81 @@ def decode_range_into(out: torch.Tensor, buf: torch.Tensor, codec: str, start: i
     if buf.numel() % width:
         raise CodecError(f"{codec} slice of {buf.numel()} bytes is not a whole number of values")
     n = buf.numel() // width
-    dst = out[start : start + n]
+    dst = out[at : at + n]
     if codec == "fp32":
         dst.view(torch.uint8).copy_(buf)
     else:
         dst.copy_(buf.view(torch.bfloat16 if codec == "bf16" else torch.float16))
     return dst
+
+
+def encode_into(dst: torch.Tensor, x: torch.Tensor, codec: str, chunk: int = 1 << 22) -> None:
+    """`encode(x, codec)` written straight into `dst` (uint8, `encoded_nbytes` long), slice by slice.
+
+    Bit-for-bit what `encode` gives, without its full-size temporaries: publishing a large state
+    costs no more memory than the published buffer itself.
+    """
+    check_codec(codec)
+    n = x.numel()
+    if dst.numel() != encoded_nbytes(n, codec):
+        raise CodecError(f"{codec} buffer for {n} values must be {encoded_nbytes(n, codec)} bytes, got {dst.numel()}")
+    if codec != "int8":
+        if codec == "fp16" and n and x.abs().max().item() > torch.finfo(torch.float16).max:
+            raise CodecError("value out of fp16 range; use bf16 or int8 for this state")
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[codec]
+        dst.view(dtype).copy_(x.detach().reshape(-1))
+        return
+    chunk -= chunk % INT8_BLOCK
+    n_blocks = math.ceil(n / INT8_BLOCK)
+    scales, codes = dst[: 4 * n_blocks].view(torch.float32), dst[4 * n_blocks :]
+    flat = x.detach().reshape(-1)
+    for i in range(0, n, chunk):
+        j = min(i + chunk, n)
+        enc = encode(flat[i:j].contiguous(), "int8")
+        b = math.ceil((j - i) / INT8_BLOCK)
+        scales[i // INT8_BLOCK : i // INT8_BLOCK + b].copy_(enc[: 4 * b].view(torch.float32))
+        codes[i:j].copy_(enc[4 * b :])
+
+
+class EncodedVector:
+    """A flat fp32 vector kept in its encoded bytes, decoded a slice at a time.
+
+    What a fetched partner state is held as until it is mixed: for int8 a quarter of the fp32
+    state's memory. Slicing (`v[i:j]`) is free; `.to(device)` / `.float()` decode the slice into
+    fp32 (bit-for-bit what `decode` gives), so mixing walks it chunk by chunk. The bytes must have
+    been checked (digests, finite values) before one is made.
+    """
+
+    def __init__(self, buf: torch.Tensor, codec: str, numel: int, start: int = 0, length: int | None = None) -> None:
+        self.buf, self.codec, self.total = buf, check_codec(codec), numel
+        self.start, self.length = start, numel - start if length is None else length
+        self.device = buf.device
+        self.dtype = torch.float32
+
+    def numel(self) -> int:
+        return self.length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, key: slice) -> EncodedVector:
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("an EncodedVector takes only contiguous slices")
+        i, j, _ = key.indices(self.length)
+        return EncodedVector(self.buf, self.codec, self.total, self.start + i, max(0, j - i))
+
+    def float(self) -> torch.Tensor:
+        out = torch.empty(self.length, dtype=torch.float32)
+        a, b = self.start, self.start + self.length
+        if self.codec == "int8":
+            n_blocks = math.ceil(self.total / INT8_BLOCK)
+            scales = self.buf[: 4 * n_blocks].view(torch.float32)
+            codes = self.buf[4 * n_blocks + a : 4 * n_blocks + b]
+            return decode_range_into(out, codes, "int8", a, scales=scales, dst_start=0)
+        width = 4 if self.codec == "fp32" else 2
+        return decode_range_into(out, self.buf[width * a : width * b], self.codec, a, dst_start=0)
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+           non_blocking: bool = False) -> torch.Tensor:
+        out = self.float()
+        return out if device is None else out.to(device, non_blocking=non_blocking)

@@ -1,62 +1,54 @@
-"""One island's training state machine, without networking: model, inner loop, outer state.
+"""One island's training state machine, without networking: outer state over any model, plus the
+project's own inner loop.
 
-The simulator drives several of these on a virtual clock; the real island process (`peers/`)
-drives one with a background gossip worker. Both call the same methods in the same order:
-`begin_round`, `inner_step` (H times or until the round's time budget), `end_round` with the
-partner states that arrived, then `published` for what partners may fetch.
+`OuterLoop` holds an island's outer state (anchor, momentum) for any `torch.nn.Module`: it resets
+the weights to the anchor, mixes a partner's state into anchor and weights, and takes the outer
+step. It never runs the model, so a user's own training loop drives it (`p2p_diloco.peers.island`).
+`Island` adds the project's own inner loop (AdamW on its own batches) for the simulator.
+
+Both are driven in the same order: `begin_round`, inner steps (H of them or until the round's time
+budget), `mix_arrived` for a partner state that arrives between two of them, `end_round` with the
+partner states that arrived after the last one.
+
+The anchor and momentum live on the model's device, or on the host with `offload_outer`; every
+operation walks the parameters slice by slice (`p2p_diloco.core.params`), so no temporary grows
+with the model beyond a few MiB.
 """
 
 from __future__ import annotations
 
 import torch
-from torch.nn.utils import parameters_to_vector
 
 from p2p_diloco.config import DiLoCoConfig, TrainConfig
 from p2p_diloco.core.data import BatchSampler
 from p2p_diloco.core.inner import InnerLoop
-from p2p_diloco.core.outer import OuterState, PartnerState, mixing_weight, outer_update, shift_toward
+from p2p_diloco.core.outer import (
+    OuterState, PartnerState, mix, mix_counters_, mix_values_, mixing_weight, nesterov_, outer_update
+)
+from p2p_diloco.core.params import ParamSlices
 
 
-@torch.no_grad()
-def load_vector(model: torch.nn.Module, vec: torch.Tensor) -> None:
-    """Copy a flat vector into the model's parameters.
+class OuterLoop:
+    """The outer state of one island over a model's trainable parameters (see the module docstring)."""
 
-    Unlike `torch.nn.utils.vector_to_parameters`, which makes the parameters views of `vec` (so
-    inner steps would silently write into the anchor), this copies.
-    """
-    offset = 0
-    for p in model.parameters():
-        n = p.numel()
-        p.copy_(vec[offset : offset + n].view_as(p))
-        offset += n
-    assert offset == vec.numel(), f"vector of {vec.numel()} values for a model of {offset} parameters"
-
-
-class Island:
-    def __init__(self, name: str, model: torch.nn.Module, train_cfg: TrainConfig, diloco_cfg: DiLoCoConfig,
-                 sampler: BatchSampler) -> None:
-        self.name, self.model, self.cfg, self.sampler = name, model, diloco_cfg, sampler
-        self.inner = InnerLoop(model, train_cfg)
-        self.state = OuterState.fresh(parameters_to_vector(model.parameters()))
-        self.tokens_per_step = sampler.batch_size * sampler.block_size
+    def __init__(self, name: str, model: torch.nn.Module, cfg: DiLoCoConfig) -> None:
+        self.name, self.model, self.cfg = name, model, cfg
+        self.slices = ParamSlices(model)
+        outer_device = torch.device("cpu") if getattr(cfg, "offload_outer", False) else self.slices.device
+        self.state = OuterState.fresh(self.slices.gather(outer_device), keep_delta=cfg.mix_pseudo_gradient)
         self.round_steps = 0
         self.arrived: list[tuple[PartnerState, float]] = []  # partners mixed during this round
         self.last_loss: float | None = None
 
     def params_vector(self) -> torch.Tensor:
-        return parameters_to_vector(self.model.parameters()).detach()
+        """A copy of the running weights as one flat fp32 vector, where the anchor lives."""
+        return self.slices.gather(self.state.phi.device)
 
     def begin_round(self) -> None:
         """Reset the model's weights to the anchor; the inner optimizer state carries on."""
-        load_vector(self.model, self.state.phi)
+        self.slices.load(self.state.phi)
         self.round_steps = 0
         self.arrived = []
-
-    def inner_step(self) -> float:
-        x, y = self.sampler.next()
-        self.last_loss = self.inner.train_step(x, y)
-        self.round_steps += 1
-        return self.last_loss
 
     def pseudo_gradient(self) -> torch.Tensor:
         return self.state.phi - self.params_vector()
@@ -65,44 +57,94 @@ class Island:
         """Pair each arrived partner state with its mixing weight (0 = skipped)."""
         return [(p, mixing_weight(self.cfg, self.state.version, self.state.tokens, p)) for p in partners]
 
-    def mix_arrived(self, partner: PartnerState) -> tuple[float, torch.Tensor | None]:
+    @torch.no_grad()
+    def mix_arrived(self, partner: PartnerState) -> float:
         """Mix a partner state that arrived mid-round into the anchor and the running weights.
 
-        Returns its weight and the shift applied to the weights (None when skipped), which the
-        other ranks of a torchrun island apply too.
+        The weights move by the anchor's shift `a (phi_j - phi_i)`, so the pseudo-gradient
+        `phi - theta` still holds only this island's own progress and the rest of the round trains
+        from the mixed point. Returns the weight used (0: skipped).
         """
         (_, a), = self.weigh([partner])
         self.arrived.append((partner, a))
         if a <= 0:
-            return a, None
-        shift = shift_toward(self.state, partner, a, self.cfg)
-        self.shift_weights(shift)
-        return a, shift
+            return a
+        phi, theirs = self.state.phi, partner.phi
+        self.slices.add(lambda i, j: (theirs[i:j].to(phi.device, non_blocking=True) - phi[i:j]).mul_(a))
+        mix(self.state, partner, a, self.cfg)
+        return a
 
-    def shift_weights(self, shift: torch.Tensor) -> None:
-        load_vector(self.model, self.params_vector() + shift)
-
-    def end_round(self, partners: list[PartnerState], delta: torch.Tensor | None = None) -> list[float]:
+    @torch.no_grad()
+    def end_round(self, partners: list[PartnerState], delta: torch.Tensor | None = None,
+                  tokens: int = 0) -> list[float]:
         """Mix the partners' states, take the outer step, load the new anchor. Returns the weights used.
 
-        `delta` overrides this island's own pseudo-gradient (synchronous all-reduce passes the mean).
+        `delta` overrides this island's own pseudo-gradient (synchronous all-reduce passes the
+        mean); `tokens` are those the round trained on. Unless pseudo-gradients are averaged too,
+        the step runs slice by slice and never holds the whole pseudo-gradient.
         """
-        own = self.pseudo_gradient() if delta is None else delta
         weighted = self.weigh(partners)
-        outer_update(self.state, own, weighted, self.cfg, self.arrived)
-        self.state.tokens += self.round_steps * self.tokens_per_step
+        if delta is None and not self.cfg.mix_pseudo_gradient:
+            self._step_in_slices(weighted)
+        else:
+            outer_update(self.state, self.pseudo_gradient() if delta is None else delta, weighted, self.cfg,
+                         self.arrived)
+        self.state.tokens += tokens
         self.begin_round()
         return [a for _, a in weighted]
+
+    def _step_in_slices(self, weighted: list[tuple[PartnerState, float]]) -> None:
+        """`outer_update` without pseudo-gradient averaging, one slice at a time (same arithmetic)."""
+        s, lr, mu = self.state, self.cfg.outer_lr, self.cfg.outer_momentum
+        for i, j, theta in self.slices:
+            delta = s.phi[i:j] - theta.to(s.phi.device, torch.float32, non_blocking=True)
+            for partner, a in weighted:
+                if a > 0:
+                    mix_values_(s, partner, a, self.cfg, i, j)
+            nesterov_(s.phi[i:j], s.m[i:j], delta, lr, mu)
+        for partner, a in weighted:
+            if a > 0:
+                mix_counters_(s, partner, a)
+        s.version += 1
 
     def published(self) -> PartnerState:
         """An immutable copy of the state partners may fetch now."""
         s = self.state
-        return PartnerState(phi=s.phi.clone(), m=s.m.clone(), delta=s.delta.clone(), version=s.version,
-                            tokens=s.tokens, peer=self.name)
+        return PartnerState(phi=s.phi.clone(), m=s.m.clone(), delta=None if s.delta is None else s.delta.clone(),
+                            version=s.version, tokens=s.tokens, peer=self.name)
 
     def adopt(self, snapshot: PartnerState) -> None:
         """Start from a partner's state (a joiner never starts from random weights in a running swarm)."""
-        self.state = OuterState(phi=snapshot.phi.clone(),
-                                m=snapshot.m.clone() if snapshot.m is not None else torch.zeros_like(snapshot.phi),
-                                delta=torch.zeros_like(snapshot.phi), version=snapshot.version, tokens=snapshot.tokens)
+        device = self.state.phi.device
+        phi = snapshot.phi.to(device, torch.float32).clone()
+        m = snapshot.m.to(device, torch.float32).clone() if snapshot.m is not None else torch.zeros_like(phi)
+        self.state = OuterState(phi=phi, m=m, delta=None if self.state.delta is None else torch.zeros_like(phi),
+                                version=snapshot.version, tokens=snapshot.tokens)
         self.begin_round()
+
+
+class Island(OuterLoop):
+    """An `OuterLoop` that trains with the project's own inner loop on its own batches (the simulator)."""
+
+    def __init__(self, name: str, model: torch.nn.Module, train_cfg: TrainConfig, diloco_cfg: DiLoCoConfig,
+                 sampler: BatchSampler) -> None:
+        super().__init__(name, model, diloco_cfg)
+        self.sampler = sampler
+        self.inner = InnerLoop(model, train_cfg)
+        self.tokens_per_step = sampler.batch_size * sampler.block_size
+
+    def inner_step(self) -> float:
+        x, y = self.sampler.next()
+        self.last_loss = self.inner.train_step(x, y)
+        self.round_steps += 1
+        return self.last_loss
+
+    def end_round(self, partners: list[PartnerState], delta: torch.Tensor | None = None,
+                  tokens: int | None = None) -> list[float]:
+        return super().end_round(partners, delta, self.round_steps * self.tokens_per_step if tokens is None else tokens)
+
+
+@torch.no_grad()
+def load_vector(model: torch.nn.Module, vec: torch.Tensor) -> None:
+    """Copy a flat vector into the model's trainable parameters (they never alias it)."""
+    ParamSlices(model).load(vec)

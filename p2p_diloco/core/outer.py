@@ -14,34 +14,38 @@ from dataclasses import dataclass, field
 import torch
 
 from p2p_diloco.config import DiLoCoConfig
+from p2p_diloco.core.params import CHUNK
 
 
 @dataclass
 class OuterState:
     """An island's outer state: anchor, momentum, the last pseudo-gradient, version and tokens.
 
-    `delta` is the pseudo-gradient of the island's latest round; it is published with the rest
-    so a partner can average pseudo-gradients as well as anchors.
+    `delta` is the pseudo-gradient of the island's latest round, kept (and published) only when
+    partners average pseudo-gradients (`mix_pseudo_gradient`); otherwise None, which saves a full
+    copy of the state.
     """
 
     phi: torch.Tensor
     m: torch.Tensor
-    delta: torch.Tensor
+    delta: torch.Tensor | None
     version: int = 0
     tokens: int = 0
 
     @classmethod
-    def fresh(cls, phi: torch.Tensor) -> "OuterState":
+    def fresh(cls, phi: torch.Tensor, keep_delta: bool = True) -> "OuterState":
         phi = phi.detach().float().clone()
-        return cls(phi=phi, m=torch.zeros_like(phi), delta=torch.zeros_like(phi))
+        return cls(phi=phi, m=torch.zeros_like(phi), delta=torch.zeros_like(phi) if keep_delta else None)
 
     def clone(self) -> "OuterState":
-        return OuterState(self.phi.clone(), self.m.clone(), self.delta.clone(), self.version, self.tokens)
+        delta = None if self.delta is None else self.delta.clone()
+        return OuterState(self.phi.clone(), self.m.clone(), delta, self.version, self.tokens)
 
 
 @dataclass(frozen=True)
 class PartnerState:
-    """A partner's published state as it arrived (already decoded to fp32)."""
+    """A partner's published state as it arrived: fp32 tensors, or `codecs.EncodedVector`s decoded
+    to fp32 a slice at a time as they are mixed (the receiver always accumulates in fp32)."""
 
     phi: torch.Tensor
     m: torch.Tensor | None
@@ -52,10 +56,18 @@ class PartnerState:
     extra: dict = field(default_factory=dict)
 
 
+def nesterov_(phi: torch.Tensor, m: torch.Tensor, delta: torch.Tensor, lr: float, mu: float) -> None:
+    """Outer Nesterov step in place: `m <- mu m + delta`, `phi <- phi - lr (delta + mu m)`.
+
+    Works on whole vectors or on matching slices of them (an island steps slice by slice).
+    """
+    m.mul_(mu).add_(delta)
+    phi.sub_(delta + mu * m, alpha=lr)
+
+
 def nesterov_step(state: OuterState, delta: torch.Tensor, lr: float, mu: float) -> None:
-    """Outer Nesterov step in place: `m <- mu m + delta`, `phi <- phi - lr (delta + mu m)`."""
-    state.m.mul_(mu).add_(delta)
-    state.phi.sub_(delta + mu * state.m, alpha=lr)
+    """`nesterov_` on an island's whole anchor and momentum."""
+    nesterov_(state.phi, state.m, delta, lr, mu)
 
 
 def mixing_weight(cfg: DiLoCoConfig, own_version: int, own_tokens: int, partner: PartnerState) -> float:
@@ -79,8 +91,17 @@ def mixing_weight(cfg: DiLoCoConfig, own_version: int, own_tokens: int, partner:
 
 
 def _blend_(x: torch.Tensor, y: torch.Tensor, a: float) -> torch.Tensor:
-    """`x <- (1-a) x + a y` in place; written so that a=1/2 is exactly symmetric in x and y."""
-    return x.mul_(1 - a).add_(y, alpha=a)
+    """`x <- (1-a) x + a y` in place; written so that a=1/2 is exactly symmetric in x and y.
+
+    When `y` lives on another device (a fetched state on the host, the anchor on an accelerator),
+    or is still encoded (`codecs.EncodedVector`), it moves over and decodes slice by slice, so mixing
+    runs where `x` is without a second full copy.
+    """
+    if isinstance(y, torch.Tensor) and y.device == x.device:
+        return x.mul_(1 - a).add_(y, alpha=a)
+    for i in range(0, x.numel(), CHUNK):
+        x[i : i + CHUNK].mul_(1 - a).add_(y[i : i + CHUNK].to(x.device, non_blocking=True), alpha=a)
+    return x
 
 
 def mix(state: OuterState, partner: PartnerState, a: float, cfg: DiLoCoConfig) -> None:
@@ -92,9 +113,20 @@ def mix(state: OuterState, partner: PartnerState, a: float, cfg: DiLoCoConfig) -
     """
     if a <= 0:
         return
-    _blend_(state.phi, partner.phi, a)
+    mix_values_(state, partner, a, cfg)
+    mix_counters_(state, partner, a)
+
+
+def mix_values_(state: OuterState, partner: PartnerState, a: float, cfg: DiLoCoConfig, i: int = 0,
+                j: int | None = None) -> None:
+    """The values part of `mix`, on the slice `[i, j)` of the vectors (all of them by default)."""
+    _blend_(state.phi[i:j], partner.phi[i:j], a)
     if cfg.momentum == "mixed" and partner.m is not None:
-        _blend_(state.m, partner.m, a)
+        _blend_(state.m[i:j], partner.m[i:j], a)
+
+
+def mix_counters_(state: OuterState, partner: PartnerState, a: float) -> None:
+    """The counters part of `mix`: version the max of both, tokens the weighted mean."""
     state.version = max(state.version, partner.version)
     state.tokens = round((1 - a) * state.tokens + a * partner.tokens)
 
@@ -107,7 +139,7 @@ def outer_update(state: OuterState, delta: torch.Tensor, partners: list[tuple[Pa
     are contemporaneous with our anchor *before* this round's step, so they are mixed into that
     anchor first and our own step follows. That applies a partner's correction relative to the
     state it was computed against, and never pulls our fresh step back toward an old state.
-    `arrived` are partners already mixed during the round (`shift_toward`); with
+    `arrived` are partners already mixed during the round (`OuterLoop.mix_arrived`); with
     `mix_pseudo_gradient`, the step uses our delta averaged with all partners' last deltas.
     """
     used = delta
@@ -117,17 +149,6 @@ def outer_update(state: OuterState, delta: torch.Tensor, partners: list[tuple[Pa
         if cfg.mix_pseudo_gradient and partner.delta is not None and a > 0:
             used = _blend_(used.clone(), partner.delta, a)
     nesterov_step(state, used, cfg.outer_lr, cfg.outer_momentum)
-    state.delta = delta.clone()
+    if state.delta is not None:
+        state.delta = delta.clone()
     state.version += 1
-
-
-def shift_toward(state: OuterState, partner: PartnerState, a: float, cfg: DiLoCoConfig) -> torch.Tensor:
-    """Mix a partner's state into ours mid-round; returns the anchor's shift `a (phi_j - phi_i)`.
-
-    The caller adds the same shift to its running weights, so the pseudo-gradient `phi - theta`
-    still holds only this island's own progress, and the rest of the round trains from the mixed
-    point instead of learning the mix one round late.
-    """
-    shift = (partner.phi - state.phi).mul_(a)
-    mix(state, partner, a, cfg)
-    return shift

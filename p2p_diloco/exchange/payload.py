@@ -66,7 +66,7 @@ def pack(tensors: Mapping[str, torch.Tensor], codec: str, *, version: int, token
     prev_end = 0
     for spec, t in zip(specs, tensors.values()):
         buf[prev_end : spec.offset].zero_()  # alignment padding, covered by the digests
-        buf[spec.offset : spec.offset + spec.nbytes].copy_(codecs.encode(t.detach().reshape(-1), codec))
+        codecs.encode_into(buf[spec.offset : spec.offset + spec.nbytes], t.detach().reshape(-1), codec)
         prev_end = spec.offset + spec.nbytes
     block = choose_block(end)
     manifest = Manifest(sid=secrets.randbits(63) or 1, version=version, tokens=tokens, meta=meta,
@@ -84,13 +84,18 @@ class Assembler:
     each tensor's scales (1/64 of its fp32 size); chunks are decoded in place and not kept.
     """
 
-    def __init__(self, manifest: Manifest) -> None:
+    def __init__(self, manifest: Manifest, keep_encoded: bool = False) -> None:
         self.manifest = manifest
         self.received = 0
-        self._out = {t.name: _output(t.numel) for t in manifest.tensors}
-        _Prefaulter(list(self._out.values())).start()
-        self._scales = {t.name: torch.empty(-(-t.numel // codecs.INT8_BLOCK), dtype=torch.float32)
-                        for t in manifest.tensors if t.codec == "int8"}
+        self.keep_encoded = keep_encoded
+        if keep_encoded:  # the payload's own bytes; decoded slice by slice when mixed
+            self._raw = torch.frombuffer(mmap.mmap(-1, max(manifest.total, 1)), dtype=torch.uint8)[: manifest.total]
+            self._out, self._scales = {}, {}
+        else:
+            self._out = {t.name: _output(t.numel) for t in manifest.tensors}
+            _Prefaulter(list(self._out.values())).start()
+            self._scales = {t.name: torch.empty(-(-t.numel // codecs.INT8_BLOCK), dtype=torch.float32)
+                            for t in manifest.tensors if t.codec == "int8"}
         self._next = 0  # index of the first tensor not yet complete
 
     @property
@@ -138,6 +143,10 @@ class Assembler:
         if offset != self.received:
             raise BadPayload(f"chunk at byte {offset} arrived out of order (expected {self.received})")
         src = torch.frombuffer(data, dtype=torch.uint8)
+        if self.keep_encoded:
+            self._raw[offset:end].copy_(src)
+            self.received = end
+            return
         for i, t, a, b in self._segments(offset, end, self._next):
             if a < b:
                 self._decode(t, a - t.offset, src[a - offset : b - offset])
@@ -165,13 +174,37 @@ class Assembler:
             if not codecs.all_finite(done):
                 raise BadPayload(f"tensor {t.name!r} has NaN or infinite int8 values (bad scales)")
 
-    def result(self) -> dict[str, torch.Tensor]:
-        """The decoded tensors in their published shapes; only once every byte has arrived."""
+    def result(self) -> dict[str, torch.Tensor | codecs.EncodedVector]:
+        """The tensors in their published shapes (flat `EncodedVector`s with `keep_encoded`); only once
+        every byte has arrived, and, kept encoded, once every value is known to decode finite."""
         if not self.done:
             raise BadPayload(f"snapshot incomplete: {self.received} of {self.manifest.total} bytes")
-        return {t.name: self._out[t.name].view(t.shape) for t in self.manifest.tensors}
+        if not self.keep_encoded:
+            return {t.name: self._out[t.name].view(t.shape) for t in self.manifest.tensors}
+        out = {}
+        for t in self.manifest.tensors:
+            vec = codecs.EncodedVector(self._raw[t.offset : t.offset + t.nbytes], t.codec, t.numel)
+            self._check_encoded(t, vec)
+            out[t.name] = vec
+        return out
+
+    def _check_encoded(self, t: TensorSpec, vec: codecs.EncodedVector) -> None:
+        """Finite values without decoding the whole tensor: int8 codes are bounded, so finite scales
+        small enough that no code times its scale overflows suffice; 16-bit values are decoded a
+        slice at a time (fp32 was checked as it arrived)."""
+        if t.codec == "int8":
+            scales = vec.buf[: 4 * -(-t.numel // codecs.INT8_BLOCK)].view(torch.float32)
+            if not (codecs.all_finite(scales) and bool((scales.abs() <= _MAX_INT8_SCALE).all())):
+                raise BadPayload(f"tensor {t.name!r} has NaN or infinite int8 scales (or scales that overflow when decoded)")
+        elif t.codec != "fp32":
+            for i in range(0, t.numel, _CHECK_SLICE):
+                if not codecs.all_finite(vec[i : i + _CHECK_SLICE].float()):
+                    raise BadPayload(f"tensor {t.name!r} holds NaN or infinite values")
 
 
+_MAX_INT8_SCALE = torch.finfo(torch.float32).max / 128
+"""The largest int8 scale whose every code (-128..127) decodes to a finite fp32 value."""
+_CHECK_SLICE = 1 << 22
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14: fault pages in, writable, without touching their contents
 _PREFAULT_STEP = 8 * 1024 * 1024
 log = logging.getLogger(__name__)

@@ -97,7 +97,16 @@ class SnapshotServer:
 
     def publish(self, tensors: Mapping[str, torch.Tensor], version: int, tokens: int,
                 meta: Mapping[str, Any] | None = None) -> wire.Manifest:
-        """Snapshot `tensors` (copied, encoded with the configured codec) and serve it from now on."""
+        """Snapshot `tensors` (copied, encoded with the configured codec) and serve it from now on.
+
+        When `retain_snapshots` are served already, the oldest is dropped first, so a publish never
+        holds one more snapshot than that (fetches still reading it get `gone` either way).
+        """
+        with self._lock:
+            if len(self._snapshots) >= self.config.retain_snapshots:
+                snaps = dict(self._snapshots)
+                snaps.pop(next(iter(snaps)))
+                self._snapshots = snaps
         manifest, buf = payload.pack(tensors, self.config.compression, version=version, tokens=tokens, meta=meta)
         snap = _Published(manifest=manifest, view=memoryview(buf.numpy()), buf=buf)
         with self._lock:

@@ -47,6 +47,11 @@ def test_chunked_reassembly_equals_the_codec_round_trip(codec):
         assert out[name].shape == t.shape and out[name].dtype == torch.float32
         expect = codecs.roundtrip(t.reshape(-1), codec).view(t.shape)
         assert torch.equal(out[name], expect), name  # bit for bit what the simulator's codec gives
+    kept = payload.Assembler(m, keep_encoded=True)  # what a partner state is held as until it is mixed
+    for off, n in _chunks(m, random.Random(2)):
+        kept.accept(off, view[off : off + n])
+    for name, vec in kept.result().items():
+        assert isinstance(vec, codecs.EncodedVector) and torch.equal(vec.float(), out[name].reshape(-1)), name
 
 
 def test_pack_copies_so_later_changes_do_not_leak():
@@ -69,8 +74,8 @@ def test_pack_refuses_what_cannot_travel(tensors, err):
         payload.pack(tensors, "fp32", version=1, tokens=0)
 
 
-def _assemble(m, buf):
-    asm = payload.Assembler(m)
+def _assemble(m, buf, keep_encoded=False):
+    asm = payload.Assembler(m, keep_encoded=keep_encoded)
     view = memoryview(buf.numpy())
     for off in range(0, m.total, m.block):
         asm.accept(off, view[off : off + min(m.block, m.total - off)])
@@ -97,6 +102,17 @@ def test_non_finite_values_with_valid_digests_are_rejected(codec, where):
     forged = wire.Manifest(**{**m.__dict__, "digests": payload.block_digests(memoryview(buf.numpy()), m.block)})
     with pytest.raises(BadPayload, match="NaN or infinite"):
         _assemble(forged, buf)
+    with pytest.raises(BadPayload, match="NaN or infinite"):  # kept encoded: refused before it is handed out
+        _assemble(forged, buf, keep_encoded=True)
+
+
+def test_int8_scales_that_would_overflow_when_decoded_are_refused_kept_encoded():
+    m, buf = payload.pack(_state(), "int8", version=1, tokens=0)
+    spec = m.tensors[0]
+    buf[spec.offset : spec.offset + 4] = torch.tensor([3e38]).view(torch.uint8)  # finite, but 127 x 3e38 is not
+    forged = wire.Manifest(**{**m.__dict__, "digests": payload.block_digests(memoryview(buf.numpy()), m.block)})
+    with pytest.raises(BadPayload, match="overflow when decoded"):
+        _assemble(forged, buf, keep_encoded=True)
 
 
 def test_out_of_order_wrong_size_and_incomplete_chunks_are_rejected():
