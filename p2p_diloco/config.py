@@ -7,7 +7,8 @@ take their defaults from these fields, so a default is written once, here.
 
 Plain Python on purpose (no torch): the CLI, the dashboard and discovery build configs without
 loading the training core. The lists of names the sections accept (codecs, discovery kinds,
-methods, model presets) are constants here, imported wherever they are needed.
+model presets) are constants here, imported wherever they are needed. The simulator's own section
+lives with it (`p2p_diloco.sim.config`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
 from p2p_diloco import addresses
 from p2p_diloco.errors import ConfigError
 
@@ -29,13 +28,19 @@ CODECS = ("fp32", "bf16", "fp16", "int8")
 """Payload codecs of exchanged state (`p2p_diloco.core.codecs` implements them)."""
 DISCOVERY_KINDS = ("auto", "dht", "zmq")
 """Discovery back-ends: `auto` tries the DHT and falls back to ZeroMQ (`p2p_diloco.discovery`)."""
-SIM_METHODS = ("gossip", "allreduce", "dp")
-"""What the simulator compares: gossip DiLoCo, synchronous DiLoCo, data parallel."""
+DEVICES_HELP = "auto|cpu|cuda|cuda:N|mps"
+"""The accepted `--device` forms (`p2p_diloco.core.device.resolve_device` resolves them)."""
+DEVICE_RE = r"^(auto|cpu|mps|cuda(:\d+)?)$"
+"""Syntax of a `--device` value (checked by `TrainConfig`, torch-free)."""
+PRECISIONS = ("fp32", "bf16")
+"""Precisions of the inner forward and backward pass (`p2p_diloco.core.device.autocast`)."""
 MODEL_PRESETS: dict[str, dict[str, int]] = {
     # ~0.84M parameters: tests and CPU demos
     "tiny": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 128},
     # ~10.8M parameters
     "small": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256},
+    # GPT-2 small's shape: ~124M parameters at the GPT-2 vocabulary (50257), ~86M with bytes
+    "gpt2-small": {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024},
 }
 """Named shapes of the project's GPT (`p2p_diloco.core.model`)."""
 
@@ -50,7 +55,9 @@ class ModelConfig:
     """The GPT's shape. `size` picks a named preset; explicit dimensions override it."""
 
     size: str = "tiny"
-    """Named preset: `tiny` (~1M parameters, tests and CPU demos) or `small` (~10-20M)."""
+    """Named preset: `tiny` (~1M parameters, tests and CPU demos), `small` (~10-20M) or `gpt2-small` (GPT-2's
+    124M shape at its 50257-token vocabulary, ~86M with bytes). Parameter counts are at the byte vocabulary
+    unless stated: the embedding grows with the data's vocabulary (`--vocab-size`)."""
     n_layer: int | None = None
     """Transformer blocks (overrides the preset)."""
     n_head: int | None = None
@@ -58,7 +65,7 @@ class ModelConfig:
     n_embd: int | None = None
     """Width of the residual stream (overrides the preset); must be divisible by n_head."""
     block_size: int | None = None
-    """Context length in bytes (overrides the preset)."""
+    """Context length in tokens, bytes for text data (overrides the preset)."""
     dropout: float = 0.0
     """Dropout probability in attention and MLP (0 for short runs)."""
 
@@ -102,9 +109,19 @@ class TrainConfig:
     """Clip the global gradient norm to this value (0 disables clipping)."""
     seed: int = 0
     """Seed for model initialisation and data order."""
+    device: str = "auto"
+    """Where the model, inner optimizer and outer state live: auto|cpu|cuda|cuda:N|mps. Validated for
+    syntax here (torch-free); whether the device is there is checked when it is resolved
+    (`p2p_diloco.core.device.resolve_device`), before anything starts."""
+    precision: str = "fp32"
+    """`bf16`: the forward and backward pass under bf16 autocast (faster on accelerators); weights and
+    optimizer state stay fp32, so the outer state and what islands exchange do not change."""
 
     def __post_init__(self) -> None:
         s = "train"
+        _require(isinstance(self.device, str) and re.fullmatch(DEVICE_RE, self.device) is not None, s, "device",
+                 f"one of {DEVICES_HELP}", self.device)
+        _require(self.precision in PRECISIONS, s, "precision", f"one of {PRECISIONS}", self.precision)
         _require(self.batch_size >= 1, s, "batch_size", ">= 1", self.batch_size)
         _require(0 < self.lr <= 1, s, "lr", "in (0, 1]", self.lr)
         _require(0 <= self.min_lr_ratio <= 1, s, "min_lr_ratio", "in [0, 1]", self.min_lr_ratio)
@@ -147,6 +164,10 @@ class DiLoCoConfig:
     mix_pseudo_gradient: bool = False
     """Average the pseudo-gradient with the partner's last one as well (NoLoCo style). Off by default:
     with one round of delay the partner's last one is stale, and mixing it cost 8.7% (BENCHMARKS.md)."""
+    offload_outer: bool = False
+    """Keep the anchor and outer momentum in host memory instead of on the accelerator, as OpenDiLoCo
+    does, to save accelerator memory (two more fp32 copies of the model); mixing and the outer step
+    then run on the host."""
 
     def __post_init__(self) -> None:
         s = "diloco"
@@ -159,71 +180,7 @@ class DiLoCoConfig:
         _require(0 < self.mix_weight <= 1, s, "mix_weight", "in (0, 1]", self.mix_weight)
         _require(self.max_staleness >= 0, s, "max_staleness", ">= 0", self.max_staleness)
         _require(0 <= self.staleness_decay <= 1, s, "staleness_decay", "in [0, 1]", self.staleness_decay)
-
-
-@dataclass(frozen=True, kw_only=True)
-class SimConfig:
-    """What the simulator runs: islands, budget, link and fault settings."""
-
-    islands: int = 4
-    """K: number of islands."""
-    methods: tuple[str, ...] = SIM_METHODS
-    """Which of `SIM_METHODS` to run."""
-    tokens: int = 1_500_000
-    """Total training tokens (all islands together), the same for every method."""
-    time_budget: float | None = None
-    """Virtual seconds; when set, every method stops when it is spent instead of at `tokens`."""
-    speeds: tuple[float, ...] | None = None
-    """Relative speed per island (1 = nominal); None means all 1."""
-    drop_prob: float = 0.0
-    """Chance that an island misses a round (offline for that round's duration)."""
-    latency_ms: float = 100.0
-    """One-way latency of every simulated link."""
-    bandwidth_mbps: float = 1000.0
-    """Rate of every simulated link, Mbit/s."""
-    compression: str = "int8"
-    """Codec applied to every exchanged state and counted in the bytes."""
-    mix_delay: int = 1
-    """Rounds between a partner's state being published and being mixed (0 or 1)."""
-    step_seconds: float = 0.32
-    """Virtual seconds of one inner step on a speed-1 island: the tiny model's step with 4 islands
-    sharing the 2-core reference machine, as `bench swarm` measured it there when idle (0.31-0.33 s).
-    Against the link time it decides how many inner steps of a round run before a partner's state
-    arrives."""
-    eval_batches: int = 16
-    """Held-out batches every method is evaluated on."""
-    seed: int = 0
-    """Seed of the initial weights, the data order and the simulated faults."""
-
-    def __post_init__(self) -> None:
-        s = "simulate"
-        _require(self.islands >= 2, s, "islands", ">= 2", self.islands)
-        _require(bool(self.methods) and set(self.methods) <= set(SIM_METHODS), s, "methods", f"a subset of {SIM_METHODS}", self.methods)
-        _require(self.tokens >= 1, s, "tokens", ">= 1", self.tokens)
-        _require(self.time_budget is None or self.time_budget > 0, s, "time_budget", "> 0", self.time_budget)
-        _require(self.step_seconds > 0, s, "step_seconds", "> 0", self.step_seconds)
-        _require(self.speeds is None or (len(self.speeds) == self.islands and min(self.speeds) > 0), s, "speeds",
-                 f"{self.islands} positive numbers", self.speeds)
-        _require(0 <= self.drop_prob < 1, s, "drop_prob", "in [0, 1)", self.drop_prob)
-        _require(self.latency_ms >= 0 and self.bandwidth_mbps > 0, s, "latency_ms/bandwidth_mbps", ">= 0 and > 0",
-                 (self.latency_ms, self.bandwidth_mbps))
-        _require(self.compression in CODECS, s, "compression", f"one of {CODECS}", self.compression)
-        _require(self.mix_delay in (0, 1), s, "mix_delay", "0 or 1", self.mix_delay)
-
-    def speed(self, i: int) -> float:
-        return 1.0 if self.speeds is None else self.speeds[i]
-
-
-def load_toml(path: str | Path) -> dict[str, dict[str, Any]]:
-    """Read a TOML config file into `{section: {field: value}}` (the CLI checks the names)."""
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError as e:
-        raise ConfigError(f"config file {path} does not exist") from e
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config file {path} is not valid TOML: {e}") from e
-    return data
+        _require(isinstance(self.offload_outer, bool), s, "offload_outer", "true or false", self.offload_outer)
 
 
 _RUN_ID_RE = r"^[A-Za-z0-9_-]{1,64}$"
@@ -389,3 +346,17 @@ class IslandConfig:
     """No progress lines on stderr."""
     slowdown: float = 1.0
     """Fault injection: after each inner step, idle (slowdown - 1) times its duration, as a slower machine would."""
+
+    def __post_init__(self) -> None:
+        s = "island"
+        _require(isinstance(self.run_dir, (str, Path)) and str(self.run_dir) != "", s, "run_dir", "a folder path",
+                 self.run_dir)
+        object.__setattr__(self, "run_dir", Path(self.run_dir))
+        for name in ("max_tokens", "max_rounds", "max_seconds", "checkpoint_every", "eval_every", "eval_batches",
+                     "wait_for"):
+            v = getattr(self, name)
+            _require((v is None and name.startswith("max_")) or (not isinstance(v, bool) and v > 0), s, name,
+                     "> 0" + (" or unset" if name.startswith("max_") else ""), v)
+        _require(0 <= self.port <= 65535, s, "port", "in [0, 65535]", self.port)
+        _require(0.0 <= self.same_version_wait <= 1.0 and 0.0 <= self.max_stretch <= 1.0, s,
+                 "same_version_wait/max_stretch", "in [0, 1]", (self.same_version_wait, self.max_stretch))

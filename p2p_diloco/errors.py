@@ -13,8 +13,17 @@ class ConfigError(P2PDiLoCoError, ValueError):
     """A configuration value is missing, of the wrong type, or out of its allowed range."""
 
 
+class DeviceError(P2PDiLoCoError):
+    """The requested --device or --precision is not usable on this machine (no CUDA, no such GPU index,
+    no bf16 autocast): a user error the CLI reports in one line, before anything starts."""
+
+
 class DataError(P2PDiLoCoError):
     """The training corpus cannot be read or is empty."""
+
+
+class ModelError(P2PDiLoCoError, ValueError):
+    """A model cannot take part: no trainable parameters, or parameters the exchange cannot carry."""
 
 
 class CodecError(P2PDiLoCoError):

@@ -1,8 +1,10 @@
 """Atomic island checkpoints: tensors in safetensors, the rest in a small JSON file.
 
-A checkpoint is a folder `ckpt-<version>/` holding `state.safetensors` (model weights, anchor
-`phi`, outer momentum `m`, last pseudo-gradient, the inner AdamW moments) and `meta.json`
-(version, tokens, inner step, round, sampler state, config, and the sha256 of the tensor file).
+A checkpoint is a folder `ckpt-<version>-<round>/` holding `state.safetensors` (anchor `phi`,
+outer momentum `m`, and every tensor of the inner optimizer's, the scheduler's, the model buffers'
+and the caller's own state dicts) and `meta.json` (version, tokens, round, the model fingerprint,
+those state dicts' other values, and the sha256 of the tensor file). Any optimizer works: its
+`state_dict()` is stored as it is, not assumed to be AdamW's.
 It is written to a temporary folder, fsynced, and renamed into place; `latest` names the newest
 one, replaced the same way. A checkpoint that fails its checksum or cannot be parsed raises
 `CheckpointError` naming the file: a corrupt checkpoint never turns into a silent fresh start.
@@ -25,7 +27,9 @@ from safetensors.torch import save as st_save
 
 from p2p_diloco.errors import CheckpointError
 
-FORMAT = 1
+FORMAT = 2
+ANCHOR = "outer.phi"
+"""The anchor's name in a checkpoint's tensors (what a sample or an evaluation loads into a model)."""
 KEEP = 2  # older checkpoints beyond this many are removed
 
 
@@ -108,41 +112,71 @@ def load(path: str | Path) -> CheckpointData:
     return CheckpointData(tensors, meta)
 
 
-def pack_island(island, round_: int, peer_id: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """What an island's checkpoint holds: outer state, inner AdamW moments, sampler position."""
-    tensors = {"phi": island.state.phi, "m": island.state.m, "delta": island.state.delta,
-               "sampler_state": island.sampler.state()}
-    opt_steps = {}
-    for i, p in enumerate(p for g in island.inner.optimizer.param_groups for p in g["params"]):
-        st = island.inner.optimizer.state.get(p)
-        if st:
-            tensors[f"opt.{i}.exp_avg"], tensors[f"opt.{i}.exp_avg_sq"] = st["exp_avg"], st["exp_avg_sq"]
-            opt_steps[str(i)] = float(st["step"])
-    meta = {"version": island.state.version, "tokens": island.state.tokens, "round": round_,
-            "inner_step": island.inner.step, "opt_steps": opt_steps, "peer_id": peer_id}
-    return tensors, meta
+def _flatten(obj: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """A JSON-able copy of a state dict with every tensor replaced by `{"__tensor__": name}` (the
+    tensor goes into `tensors` under that name). Tuples and dicts with int keys survive the trip."""
+    if isinstance(obj, torch.Tensor):
+        tensors[key] = obj.detach()
+        return {"__tensor__": key}
+    if isinstance(obj, dict):
+        if not all(k is None or isinstance(k, (str, int, float, bool)) for k in obj):
+            raise CheckpointError(f"cannot checkpoint {key}: a dict key is not a string or number")
+        return {"__dict__": [[k, _flatten(v, f"{key}.{i}", tensors)] for i, (k, v) in enumerate(obj.items())]}
+    if isinstance(obj, (list, tuple)):
+        items = [_flatten(v, f"{key}.{i}", tensors) for i, v in enumerate(obj)]
+        return {"__tuple__": items} if isinstance(obj, tuple) else items
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise CheckpointError(f"cannot checkpoint {key}: a {type(obj).__name__} (a state dict may hold tensors, "
+                          "numbers, strings, lists, tuples and dicts)")
 
 
-def restore_island(island, ck: CheckpointData, path: Path) -> int:
-    """Put a checkpoint back into an island; returns the round it was taken at."""
+def _unflatten(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(obj, list):
+        return [_unflatten(v, tensors) for v in obj]
+    if isinstance(obj, dict):
+        if "__tensor__" in obj:
+            return tensors[obj["__tensor__"]]
+        if "__tuple__" in obj:
+            return tuple(_unflatten(v, tensors) for v in obj["__tuple__"])
+        return {k: _unflatten(v, tensors) for k, v in obj["__dict__"]}
+    return obj
+
+
+def pack(outer, parts: dict[str, Any], meta: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """What an island's checkpoint holds: its outer state (`outer`, a `core.island.OuterLoop`) and
+    the state dict of every object in `parts` (inner optimizer, scheduler, the model's buffers, the
+    caller's own data position...), plus `meta` (round, peer id, model fingerprint...)."""
+    s = outer.state
+    tensors = {ANCHOR: s.phi, "outer.m": s.m}
+    if s.delta is not None:
+        tensors["outer.delta"] = s.delta
+    states = {name: _flatten(obj.state_dict(), name, tensors) for name, obj in parts.items() if obj is not None}
+    return tensors, {**meta, "version": s.version, "tokens": s.tokens, "states": states}
+
+
+def restore(outer, parts: dict[str, Any], ck: CheckpointData, path: Path, fingerprint: str) -> dict[str, Any]:
+    """Put a checkpoint back into an island (outer state and every part); returns its meta.
+
+    Raises `CheckpointError` naming the file when it belongs to another model or does not fit.
+    """
     t, meta = ck.tensors, ck.meta
-    if t["phi"].numel() != island.state.phi.numel():
-        raise CheckpointError(f"checkpoint {path} is for a model of {t['phi'].numel()} parameters, "
-                              f"not {island.state.phi.numel()}")
+    if meta.get("model") != fingerprint:
+        raise CheckpointError(f"checkpoint {path} is for another model (fingerprint {meta.get('model')!r}, "
+                              f"this model's is {fingerprint!r})")
+    s = outer.state
     try:
-        island.state.phi, island.state.m, island.state.delta = t["phi"].clone(), t["m"].clone(), t["delta"].clone()
-        island.state.version, island.state.tokens = int(meta["version"]), int(meta["tokens"])
-        optimizer = island.inner.optimizer
-        state = {}
-        for i in range(sum(len(g["params"]) for g in optimizer.param_groups)):
-            if str(i) in meta["opt_steps"]:
-                state[i] = {"step": torch.tensor(meta["opt_steps"][str(i)]), "exp_avg": t[f"opt.{i}.exp_avg"].clone(),
-                            "exp_avg_sq": t[f"opt.{i}.exp_avg_sq"].clone()}
-        optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
-        island.inner.step = int(meta["inner_step"])
-        island.sampler.set_state(t["sampler_state"])
-        round_ = int(meta["round"])
-    except (KeyError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"checkpoint {path} does not match this island: {e}") from e
-    island.begin_round()
-    return round_
+        phi, m = t[ANCHOR], t["outer.m"]
+        if phi.numel() != s.phi.numel() or m.numel() != s.phi.numel():
+            raise CheckpointError(f"checkpoint {path} holds {phi.numel()} parameters, the model {s.phi.numel()}")
+        s.phi, s.m = phi.to(s.phi.device).clone(), m.to(s.phi.device).clone()
+        if s.delta is not None:
+            s.delta = t["outer.delta"].to(s.phi.device).clone() if "outer.delta" in t else torch.zeros_like(s.phi)
+        s.version, s.tokens = int(meta["version"]), int(meta["tokens"])
+        for name, obj in parts.items():
+            if obj is not None and name in meta["states"]:
+                obj.load_state_dict(_unflatten(meta["states"][name], t))
+    except (KeyError, ValueError, RuntimeError, TypeError) as e:
+        raise CheckpointError(f"checkpoint {path} does not match this island: {type(e).__name__}: {e}") from e
+    outer.begin_round()
+    return meta

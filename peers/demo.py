@@ -43,6 +43,15 @@ class DemoConfig:
     dashboard: bool = False
     """Show the live dashboard while the islands train (the CLI decides: only on a terminal)."""
     extra_args: tuple[str, ...] = ()
+    data: str | None = None
+    """Text or token shards to train on (None: the embedded default), as `join --data`."""
+    vocab_size: int | None = None
+    """Vocabulary of token shards, as `join --vocab-size`."""
+
+    def data_args(self) -> tuple[str, ...]:
+        """The islands' `--data` / `--vocab-size`, when set."""
+        return ((("--data", self.data) if self.data else ())
+                + (("--vocab-size", str(self.vocab_size)) if self.vocab_size else ()))
 
 
 def _cli(*args: str) -> list[str]:
@@ -128,7 +137,7 @@ def run_swarm(cfg: DemoConfig) -> tuple[Path, list[str], list[dict]]:
     names = [f"island-{i}" for i in range(cfg.islands)]
     limit_args = ["--max-tokens", str(cfg.max_tokens)] if cfg.max_tokens else ["--max-seconds", str(cfg.minutes * 60)]
     args = ["--run-id", cfg.run_id, *limit_args, "-H", str(cfg.local_steps), "--compression", cfg.compression,
-            "--latency-ms", str(cfg.latency_ms), "--eval-every", "5", "--wait-for", str(cfg.islands), *cfg.extra_args]
+            "--latency-ms", str(cfg.latency_ms), "--eval-every", "5", "--wait-for", str(cfg.islands), *cfg.data_args(), *cfg.extra_args]
     if cfg.bandwidth_mbps:
         args += ["--bandwidth-mbps", str(cfg.bandwidth_mbps)]
     stop_follow = threading.Event()
@@ -162,9 +171,11 @@ def run_demo(cfg: DemoConfig) -> dict:
            "baseline_eval_loss": None, "bytes_moved": sum(s["bytes_in"] for s in summaries), "sample": "",
            "workdir": str(workdir)}
     best = min(range(len(summaries)), key=lambda i: summaries[i]["eval_loss"])
-    out["sample"] = sample_text(workdir / names[best] / "checkpoints")
+    if cfg.vocab_size in (None, 256):  # token shards cannot be turned back into text without their tokenizer
+        out["sample"] = sample_text(workdir / names[best] / "checkpoints")
     if cfg.compare:
-        out["baseline_eval_loss"] = baseline_dp(sum(s["tokens"] for s in summaries), cfg.islands)
+        out["baseline_eval_loss"] = baseline_dp(sum(s["tokens"] for s in summaries), cfg.islands, cfg.data,
+                                                cfg.vocab_size)
     return out
 
 
@@ -179,21 +190,23 @@ def sample_text(checkpoints: Path, prompt: str = "def ", n_bytes: int = 240, see
 
     ck = checkpoint.load(checkpoint.latest(checkpoints))
     model = build_model(ModelConfig())
-    load_vector(model, ck.tensors["phi"])
+    load_vector(model, ck.tensors[checkpoint.ANCHOR])
     model.eval()
     idx = torch.tensor([list(prompt.encode())], dtype=torch.long)
     out = model.generate(idx, n_bytes, generator=torch.Generator().manual_seed(seed))
     return bytes(out[0].tolist()).decode("utf-8", errors="replace")
 
 
-def baseline_dp(tokens: int, islands: int) -> float:
+def baseline_dp(tokens: int, islands: int, data: str | None = None, vocab_size: int | None = None) -> float:
     """Eval loss of data parallel training (K-times batch every step) at the same total tokens."""
-    from p2p_diloco.config import ModelConfig, SimConfig, TrainConfig
+    from p2p_diloco.config import ModelConfig, TrainConfig
+    from p2p_diloco.sim.config import SimConfig
     from p2p_diloco.core.data import load_corpus
     from p2p_diloco.sim.simulator import Simulation
 
     sim = SimConfig(islands=islands, methods=("dp",), tokens=max(tokens, 1))
-    return Simulation(sim, ModelConfig(), TrainConfig(), DiLoCoConfig(), load_corpus()).run("dp").eval_loss
+    return Simulation(sim, ModelConfig(), TrainConfig(), DiLoCoConfig(),
+                      load_corpus(data, vocab_size)).run("dp").eval_loss
 
 
 

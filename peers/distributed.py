@@ -1,11 +1,18 @@
 """Several processes as one island under torchrun: DDP inside the island, only rank 0 gossips.
 
-Rank 0 owns everything that talks to the swarm (snapshot server, membership, partner fetches,
-the outer step, checkpoints). The other ranks only run inner steps; DDP averages their gradients
-every step, so all ranks hold the same weights. Rank 0 drives the ranks with a tiny command
-broadcast before each action (STEP, NEW_ANCHOR followed by the anchor itself, SHIFT followed by
-the shift a partner's mid-round mix applies to the weights, STOP), which keeps
-them in lockstep even when a round ends early on its time budget.
+Every rank runs the same training loop and calls `step()` after each inner step. Rank 0 is a
+`SwarmIsland` (snapshot server, membership, fetches, outer step, checkpoints); the other ranks are
+`RankFollower`s. DDP averages the gradients every step, so all ranks hold the same weights until
+rank 0 changes its own (a partner mixed on arrival, the outer step's new anchor, a join or a
+resume). At every `step()` rank 0 broadcasts one command, and the ranks act on it together:
+
+- `CARRY_ON`: nothing changed;
+- `SYNC`: rank 0's weights changed; every rank receives them (a broadcast per parameter);
+- `NEW_ROUND`: a round ended (the outer step's new anchor): `SYNC`, and every rank counts the round;
+- `STOP`: the island is done; `done` turns True on every rank at the same step.
+
+So the ranks never drift apart, whatever ends a round early, and no rank but 0 holds an anchor.
+NCCL islands keep the command on the rank's GPU (NCCL only moves device tensors); gloo on the host.
 """
 
 from __future__ import annotations
@@ -13,85 +20,117 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import signal
 
 import torch
 import torch.distributed as dist
 
+from p2p_diloco.core.params import trainable_parameters
+
 log = logging.getLogger(__name__)
 
-STEP, NEW_ANCHOR, STOP, SHIFT = 1, 2, 3, 4
+CARRY_ON, SYNC, NEW_ROUND, STOP = 0, 1, 2, 3
 
 
 class IntraIsland:
-    """The process group of one island (torchrun's environment variables describe it)."""
+    """The process group of one island (the default group torchrun describes)."""
 
-    def __init__(self, timeout_s: float = 120.0) -> None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    def __init__(self) -> None:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self._cmd = torch.zeros(1, dtype=torch.int64)
-        log.info("island rank %d of %d (%s)", self.rank, self.world, backend)
+        self.backend = dist.get_backend()
+        device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+        self._cmd = torch.zeros(1, dtype=torch.int64, device=device)
 
     @staticmethod
-    def from_env() -> "IntraIsland | None":
-        """A process group when started by torchrun with more than one process, else None."""
-        return IntraIsland() if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+    def init_from_env(device: torch.device, timeout_s: float = 120.0) -> IntraIsland | None:
+        """Start the process group when torchrun started more than one process, else None: NCCL
+        when the island trains on CUDA (each rank on its own GPU), gloo otherwise."""
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            return None
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        group = IntraIsland()
+        log.info("island rank %d of %d (%s)", group.rank, group.world, backend)
+        return group
+
+    @staticmethod
+    def current() -> IntraIsland | None:
+        """The initialised default group when it has more than one process, else None."""
+        return IntraIsland() if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 else None
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        return torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+        device_ids = [self._cmd.device.index] if self._cmd.device.type == "cuda" else None
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
 
-    def command(self, cmd: int) -> None:
-        """Rank 0: tell every rank what comes next."""
+    def send(self, cmd: int) -> None:
+        """Rank 0: tell every rank what this step did."""
         self._cmd.fill_(cmd)
         dist.broadcast(self._cmd, src=0)
 
-    def next_command(self) -> int:
+    def receive(self) -> int:
         dist.broadcast(self._cmd, src=0)
         return int(self._cmd.item())
 
-    def share_anchor(self, phi: torch.Tensor) -> None:
-        """Rank 0 sends its new anchor; the other ranks receive it into `phi`."""
-        if self.rank == 0:
-            self.command(NEW_ANCHOR)
-        dist.broadcast(phi, src=0)
+    @torch.no_grad()
+    def sync_weights(self, params: list[torch.Tensor]) -> None:
+        """Every rank takes rank 0's trainable weights."""
+        for p in params:
+            dist.broadcast(p.data, src=0)
 
-    def share_shift(self, shift: torch.Tensor) -> None:
-        """Rank 0 sends the shift of a mid-round mix; the other ranks receive it into `shift`."""
-        if self.rank == 0:
-            self.command(SHIFT)
-        dist.broadcast(shift, src=0)
-
-    def share_seed(self, seed: int) -> int:
-        """Rank 0's data seed, on every rank (each rank then adds its own rank)."""
-        t = torch.tensor([seed], dtype=torch.int64)
+    def share(self, value: int) -> int:
+        """Rank 0's `value` on every rank (a data seed, a schedule length)."""
+        t = torch.tensor([value], dtype=torch.int64, device=self._cmd.device)
         dist.broadcast(t, src=0)
-        return int(t.item()) + self.rank
+        return int(t.item())
 
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def follow(group: IntraIsland, island) -> int:
-    """The loop of a rank other than 0: inner steps and anchors as rank 0 commands, until STOP.
+class RankFollower:
+    """A rank other than 0 of a torchrun island: the same interface as `SwarmIsland` for the loop
+    (`step`, `done`, `with`), following rank 0's command at each step (see the module docstring)."""
 
-    Signals are left to rank 0 (torchrun sends them to every rank): a follower stops when told.
-    """
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: None)
-    while True:
-        cmd = group.next_command()
-        if cmd == STEP:
-            island.inner_step()
-        elif cmd == NEW_ANCHOR:
-            group.share_anchor(island.state.phi)
-            island.begin_round()
-        elif cmd == SHIFT:
-            shift = torch.zeros_like(island.state.phi)
-            group.share_shift(shift)
-            island.shift_weights(shift)
+    def __init__(self, model: torch.nn.Module, group: IntraIsland) -> None:
+        self.params, self.group = trainable_parameters(model), group
+        self.done = False
+        self.round = 0
+
+    def __enter__(self) -> RankFollower:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self) -> RankFollower:
+        self._follow()  # rank 0's starting point (joined, resumed or initial)
+        return self
+
+    def step(self, loss=None, tokens: int | None = None) -> None:
+        if not self.done:
+            self._follow()
+
+    def stop(self) -> None:
+        """Signals are rank 0's to act on (torchrun sends them to every rank)."""
+
+    def share(self, value: int) -> int:
+        """Rank 0's value, in place of this rank's own (see `SwarmIsland.share`)."""
+        return self.group.share(value)
+
+    def _follow(self) -> None:
+        cmd = self.group.receive()
+        if cmd in (SYNC, NEW_ROUND):
+            self.group.sync_weights(self.params)
+            self.round += cmd == NEW_ROUND
         elif cmd == STOP:
-            return 0
-        else:
+            self.done = True
+        elif cmd != CARRY_ON:
             raise RuntimeError(f"unknown island command {cmd}")
+
+    def close(self) -> dict:
+        """Wait for rank 0 to stop the island (it does at its last step or when it closes)."""
+        while not self.done:
+            self._follow()
+        return {}

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from p2p_diloco.config import NetworkConfig
+from p2p_diloco.core.codecs import EncodedVector
 from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.errors import TransportError
@@ -50,15 +51,22 @@ class GossipWorker:
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def has_result(self) -> bool:
+        """A finished fetch waits to be taken (a new one would lose it, so `start` refuses)."""
+        with self._lock:
+            return self._result is not None
+
     def start(self, partner: IslandRecord, min_version: int = 0, wait_until: float = 0.0) -> bool:
-        """Begin fetching `partner`'s snapshot in the background; False if a fetch is still running.
+        """Begin fetching `partner`'s snapshot in the background; False if a fetch is still running or
+        its result has not been taken.
 
         With `min_version`, first ask the partner for its manifest until it has published that
         version or `time.monotonic()` passes `wait_until`, then fetch whatever it has: asking the
         partner itself learns of its publish a round trip after it happens, discovery a second or
         two later.
         """
-        if self.busy or self._closed:
+        if self.busy or self._closed or self.has_result:
             return False
         self._thread = threading.Thread(target=self._fetch, args=(partner, min_version, wait_until),
                                         name=f"gossip-{partner.peer_id[:8]}", daemon=True)
@@ -74,7 +82,7 @@ class GossipWorker:
                 while (partner.version < min_version and time.monotonic() < wait_until and not self._closed
                        and fetcher.manifest(self.timeout_s).version < min_version):
                     time.sleep(VERSION_POLL_S)
-                snap = fetcher.fetch(self.timeout_s)
+                snap = fetcher.fetch(self.timeout_s, decode=False)  # decoded slice by slice as it is mixed
             result = FetchResult(partner.peer_id, snap, None, snap.seconds, snap.nbytes,
                                  waited_s=time.monotonic() - started - snap.seconds)
         except TransportError as e:
@@ -99,12 +107,23 @@ class GossipWorker:
             self._thread.join(timeout)
 
 
-def partner_state(snap, expected_numel: int) -> PartnerState:
-    """Turn a fetched snapshot into a mixable state, refusing one for a different model."""
-    t = snap.tensors
-    if "phi" not in t or t["phi"].numel() != expected_numel:
-        raise TransportError(f"snapshot from {snap.endpoint} does not fit this model "
-                             f"({t['phi'].numel() if 'phi' in t else 'no'} parameters, expected {expected_numel})")
-    flat = {k: v.reshape(-1) for k, v in t.items()}
+def partner_state(snap, expected_numel: int, model: str = "") -> PartnerState:
+    """Turn a fetched snapshot into a mixable state, refusing one for a different model.
+
+    The manifest's `model` fingerprint must match `model` (when both are known) and every tensor
+    must hold `expected_numel` values: a partner running another model is refused here, with a
+    `TransportError` that says why, instead of failing inside the mixing step.
+    """
+    t, theirs = snap.tensors, snap.meta.get("model", "")
+    if model and theirs and theirs != model:
+        raise TransportError(f"snapshot from {snap.endpoint} is for another model (fingerprint {str(theirs)[:16]}, "
+                             f"this island's is {model})")
+    if "phi" not in t:
+        raise TransportError(f"snapshot from {snap.endpoint} holds no anchor 'phi'")
+    for name in ("phi", "m", "delta"):
+        if name in t and t[name].numel() != expected_numel:
+            raise TransportError(f"snapshot from {snap.endpoint} does not fit this model ({name!r} holds "
+                                 f"{t[name].numel()} values, expected {expected_numel})")
+    flat = {k: v if isinstance(v, EncodedVector) else v.reshape(-1) for k, v in t.items()}
     return PartnerState(phi=flat["phi"], m=flat.get("m"), delta=flat.get("delta"), version=snap.version,
                         tokens=snap.tokens, peer=str(snap.meta.get("peer_id", "")))

@@ -12,7 +12,8 @@ island. A candidate's weight multiplies:
 - load: `1 / (1 + upload share)`, the share of the swarm's upload it already carries;
 - reachability: after a failed exchange a member is skipped for a backoff that doubles with each
   consecutive failure (2 s .. 60 s);
-- variety: the partner of the previous round counts half.
+- variety: the partner of the previous round counts half;
+- model: a member whose record shows another model fingerprint is never a candidate.
 
 The caller may also ask only for members that have reached a version (`min_version`) and that
 were not among its last two partners (`skip_recent=True`, while other live members remain): the
@@ -23,6 +24,7 @@ and pairs of islands locked onto each other (BENCHMARKS.md, Swarm).
 
 from __future__ import annotations
 
+import logging
 import random
 import statistics
 import time
@@ -30,6 +32,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from p2p_diloco.discovery.records import IslandRecord
+
+log = logging.getLogger(__name__)
 
 MIN_BACKOFF_S, MAX_BACKOFF_S = 2.0, 60.0
 """Backoff after a failed exchange: the first, doubling with each failure in a row, up to the last."""
@@ -54,11 +58,15 @@ class _PeerHistory:
 class PartnerChooser:
     self_id: str
     max_staleness: int = 8
+    model: str = ""
+    """This island's model fingerprint: members showing another one are skipped ("" matches all)."""
     rng: random.Random = field(default_factory=random.Random)
     clock: callable = time.monotonic
     history: dict[str, _PeerHistory] = field(default_factory=dict)
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_PARTNERS))
     """The last partners picked, newest last."""
+    excluded: set = field(default_factory=set)
+    """Members never chosen again (their state did not fit this island's model)."""
 
     @property
     def last(self) -> str | None:
@@ -75,8 +83,8 @@ class PartnerChooser:
                 if pid in live and len(live - avoid) > 1:
                     avoid.add(pid)
         others = {pid: r for pid, r in members.items()
-                  if pid != self.self_id and pid not in avoid and r.state in ("training", "syncing") and r.tokens > 0
-                  and r.version >= min_version
+                  if pid != self.self_id and pid not in avoid and pid not in self.excluded and r.state in ("training", "syncing") and r.tokens > 0
+                  and r.version >= min_version and self._same_model(pid, r)
                   and own_version - r.version <= self.max_staleness
                   and self.history.get(pid, _PeerHistory()).retry_after <= now}
         if not others:
@@ -96,6 +104,15 @@ class PartnerChooser:
             weights[pid] = w
         return weights
 
+    def _same_model(self, pid: str, record: IslandRecord) -> bool:
+        """False for a member whose record shows another model (logged once per member)."""
+        if not self.model or not record.model or record.model == self.model:
+            return True
+        if self.exclude(pid):
+            log.warning("member %s runs another model (fingerprint %s, ours %s); never mixing with it",
+                        pid[:8], record.model, self.model)
+        return False
+
     def choose(self, members: dict[str, IslandRecord], own_version: int, min_version: int = 0,
                skip_recent: bool = False) -> IslandRecord | None:
         weights = self.candidates(members, own_version, min_version, skip_recent)
@@ -111,6 +128,12 @@ class PartnerChooser:
         rate = nbytes / max(seconds, 1e-6)
         h.rate_bps = rate if h.rate_bps is None else (1 - RATE_SMOOTHING) * h.rate_bps + RATE_SMOOTHING * rate
         h.failures, h.retry_after = 0, 0.0
+
+    def exclude(self, peer_id: str) -> bool:
+        """Never choose `peer_id` again; True the first time (so the caller logs it once)."""
+        new = peer_id not in self.excluded
+        self.excluded.add(peer_id)
+        return new
 
     def failed(self, peer_id: str) -> None:
         h = self.history.setdefault(peer_id, _PeerHistory())

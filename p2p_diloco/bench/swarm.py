@@ -14,7 +14,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from p2p_diloco.config import DiLoCoConfig, SimConfig
+from p2p_diloco.config import DiLoCoConfig
+from p2p_diloco.sim.config import SimConfig
 from p2p_diloco.peers import checkpoint
 from p2p_diloco.peers.demo import DemoConfig, run_swarm
 from p2p_diloco.peers.metrics import read_metrics
@@ -65,7 +66,7 @@ def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.to
     gossip, dp = simulation.run("gossip"), simulation.run("dp")
     per_run = []
     for run_dir, names, summaries, rows, wall_s in swarms:
-        losses = [simulation.evaluate_vector(checkpoint.load(checkpoint.latest(run_dir / n / "checkpoints")).tensors["phi"])
+        losses = [simulation.evaluate_vector(checkpoint.load(checkpoint.latest(run_dir / n / "checkpoints")).tensors[checkpoint.ANCHOR])
                   for n in names]
         mean = sum(losses) / len(losses)
         per_run.append({"swarm_eval_loss": mean, "ratio_to_dp": mean / dp.eval_loss,

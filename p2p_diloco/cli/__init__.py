@@ -18,13 +18,26 @@ import click
 
 from p2p_diloco import __version__
 from p2p_diloco.cli import bench, bootstrap, demo, join, simulate, watch
-from p2p_diloco.config import load_toml
 from p2p_diloco.errors import ConfigError
 
 
 def _setup_logging(verbose: int) -> None:
     level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def load_toml(path: str) -> dict[str, dict]:
+    """Read a TOML config file into `{section: {field: value}}` (the CLI checks the names)."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError as e:
+        raise ConfigError(f"config file {path} does not exist") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from e
+    return data
 
 
 def _load_config_file(ctx: click.Context, _param: click.Parameter, path: str | None) -> None:

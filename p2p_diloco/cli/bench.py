@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 
 from p2p_diloco.cli.options import codec_option, user_errors
-from p2p_diloco.config import DiLoCoConfig, SimConfig
+from p2p_diloco.config import DiLoCoConfig
+from p2p_diloco.sim.config import SimConfig
 
 
 @click.group()

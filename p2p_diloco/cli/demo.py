@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from p2p_diloco.cli.options import data_options, device_options, user_errors
+from p2p_diloco.config import TrainConfig
 from p2p_diloco.peers.demo import DemoConfig
 
 
@@ -19,14 +21,27 @@ from p2p_diloco.peers.demo import DemoConfig
 @click.option("--compare", is_flag=True, help="Also train the data-parallel baseline at the same tokens.")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep logs, metrics and checkpoints here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
-def demo(islands, minutes, latency_ms, bandwidth_mbps, compare, workdir, as_json) -> None:
+@data_options
+@device_options
+def demo(islands, minutes, latency_ms, bandwidth_mbps, compare, workdir, as_json, data, vocab_size, device, precision,
+         offload_outer) -> None:
     """Run a local swarm: a bootstrap node and islands as processes on 127.0.0.1, then a summary."""
+    from p2p_diloco.core.data import load_corpus
+    from p2p_diloco.core.device import autocast, resolve_device
     from p2p_diloco.peers.demo import run_demo
     from p2p_diloco.tui.launch import should_use_dashboard
 
+    with user_errors():
+        train = TrainConfig(device=device, precision=precision)
+        autocast(resolve_device(train.device), train.precision)  # fails here, in one line, before any process starts
+        load_corpus(data, vocab_size)  # so does data that cannot be read
+    # each island resolves the same spec itself (`auto` on its own machine, as `join` would)
+    device_args = ("--device", device, "--precision", precision,
+                   "--offload-outer" if offload_outer else "--no-offload-outer")
     cfg = DemoConfig(islands=islands, minutes=minutes, latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps,
                      compare=compare, workdir=Path(workdir) if workdir else None,
-                     dashboard=not as_json and should_use_dashboard())
+                     dashboard=not as_json and should_use_dashboard(), extra_args=device_args, data=data,
+                     vocab_size=vocab_size)
     try:
         summary = run_demo(cfg)
     except KeyboardInterrupt:

@@ -10,8 +10,8 @@ from pathlib import Path
 import click
 
 from p2p_diloco.cli.options import (
-    build_configs, diloco_options, discovery_config, discovery_options, model_options, network_config, network_options,
-    user_errors
+    build_configs, device_options, diloco_options, discovery_config, discovery_options, model_options, network_config,
+    network_options, user_errors
 )
 from p2p_diloco.config import DiLoCoConfig, IslandConfig, TrainConfig
 
@@ -22,6 +22,7 @@ I = IslandConfig
 @discovery_options()
 @model_options
 @diloco_options
+@device_options
 @network_options
 @click.option("--round-seconds", type=float, default=DiLoCoConfig.round_seconds, help="Time budget of one round's inner steps.")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=str(I.run_dir), show_default=True,
@@ -57,14 +58,17 @@ def join(**kw) -> None:
     """Start an island: find the swarm, train rounds, gossip with partners, checkpoint."""
     import torch
 
+    from p2p_diloco.core.device import autocast, resolve_device
     from p2p_diloco.peers.process import run_island
 
     torch.set_num_threads(kw.pop("threads"))
     with user_errors():
         discovery = discovery_config(kw.pop("bootstrap"), kw.pop("run_id"), kw.pop("discovery"),
                                      host=kw["host"], announce_host=kw["announce_host"])
-        data, as_json = kw.pop("data"), kw.pop("as_json")
+        data, vocab_size, as_json = kw.pop("data"), kw.pop("vocab_size"), kw.pop("as_json")
         model, train, diloco = build_configs(kw)
+        # an unusable device or precision fails here, in one line, before the swarm starts
+        autocast(resolve_device(train.device), train.precision)
         diloco = dataclasses.replace(diloco, round_seconds=kw.pop("round_seconds"))
         train = _schedule_length(train, model.resolved()["block_size"], diloco, kw["max_tokens"], kw["max_rounds"])
         network = network_config(kw)
@@ -74,7 +78,7 @@ def join(**kw) -> None:
                               checkpoint_every=kw["checkpoint_every"], name=kw["name"], quiet=kw["quiet"],
                               slowdown=kw["slowdown"], wait_for=kw["wait_for"],
                               same_version_wait=kw["same_version_wait"], max_stretch=kw["max_stretch"])
-        code, summary = run_island(island, model, train, diloco, network, discovery, data)
+        code, summary = run_island(island, model, train, diloco, network, discovery, data, vocab_size=vocab_size)
     if as_json and summary:  # ranks other than 0 of a torchrun island have no summary
         click.echo(json.dumps(summary))
     sys.exit(code)

@@ -12,15 +12,16 @@ torch-free config are imported here, so `p2p-diloco --help` stays instant.
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Any, Callable, Iterator
 
 import click
 
 from p2p_diloco.config import (
-    CODECS, DISCOVERY_KINDS, MIX_TIMES, MODEL_PRESETS, MOMENTUM_MODES, DiLoCoConfig, DiscoveryConfig, ModelConfig,
-    NetworkConfig, TrainConfig
+    CODECS, DEVICE_RE, DEVICES_HELP, DISCOVERY_KINDS, MIX_TIMES, MODEL_PRESETS, MOMENTUM_MODES, PRECISIONS,
+    DiLoCoConfig, DiscoveryConfig, ModelConfig, NetworkConfig, TrainConfig
 )
-from p2p_diloco.errors import ConfigError, P2PDiLoCoError
+from p2p_diloco.errors import ConfigError, DeviceError, P2PDiLoCoError
 
 D, M, N, T = DiLoCoConfig, ModelConfig, NetworkConfig, TrainConfig
 
@@ -39,17 +40,37 @@ def csv(kind: type) -> Callable:
     return parse
 
 
+class DeviceUnavailable(click.ClickException):
+    """A `--device`/`--precision` this machine cannot run: one line, exit code 2 like any bad option value."""
+
+    exit_code = 2
+
+
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """The project's own errors become readable click errors (no traceback)."""
+    """The project's own errors become readable click errors (no traceback): exit code 2 for an unusable
+    device (a bad option value), 1 for the rest."""
     try:
         yield
+    except DeviceError as e:
+        raise DeviceUnavailable(str(e)) from e
     except P2PDiLoCoError as e:
         raise click.ClickException(str(e)) from e
 
 
 def codec_option(default: str = N.compression, help: str = "Codec of every exchanged state.") -> Callable:
     return click.option("--compression", type=click.Choice(CODECS), default=default, show_default=True, help=help)
+
+
+def data_options(f: Callable) -> Callable:
+    """`--data` and `--vocab-size`, alike on `join`, `demo` and `simulate`."""
+    # --help lists the option applied last first: --vocab-size shows right after --data
+    f = click.option("--vocab-size", type=click.IntRange(min=2), default=None,
+                     help="Vocabulary of token shards, e.g. 50257 for GPT-2's tokenizer (default: from the shard "
+                          "header; text is always bytes, 256).")(f)
+    return click.option("--data", type=click.Path(), default=None,
+                        help="Text file or folder of text files, or .bin token shards (a file or a folder) "
+                             "(default: this Python's standard-library sources).")(f)
 
 
 def model_options(f: Callable) -> Callable:
@@ -60,8 +81,7 @@ def model_options(f: Callable) -> Callable:
     f = click.option("--n-embd", type=int, default=M.n_embd, help="Override the preset's width.")(f)
     f = click.option("--n-head", type=int, default=M.n_head, help="Override the preset's attention heads.")(f)
     f = click.option("--block-size", type=int, default=M.block_size, help="Override the preset's context length.")(f)
-    f = click.option("--data", type=click.Path(), default=None,
-                     help="Text file or folder of text files (default: this Python's standard-library sources).")(f)
+    f = data_options(f)
     f = click.option("--batch-size", type=int, default=T.batch_size, show_default=True, help="Sequences per inner step.")(f)
     f = click.option("--lr", type=float, default=T.lr, show_default=True, help="Peak inner AdamW learning rate.")(f)
     return f
@@ -85,6 +105,27 @@ def diloco_options(f: Callable) -> Callable:
     return f
 
 
+def _device_spec(_ctx, param, value: str) -> str:
+    """click callback: a malformed --device is a usage error naming the accepted forms (availability is
+    checked later, when the command resolves it)."""
+    if value is not None and re.fullmatch(DEVICE_RE, value) is None:
+        raise click.BadParameter(f"{value!r} is not a device; use one of {DEVICES_HELP}", param=param)
+    return value
+
+
+def device_options(f: Callable) -> Callable:
+    """`--device`, `--precision` and `--offload-outer`: where training runs and in which precision (applied
+    last to first, so `--help` lists them in this order)."""
+    f = click.option("--offload-outer/--no-offload-outer", default=D.offload_outer, show_default=True,
+                     help="Keep the anchor and outer momentum in host memory (saves accelerator memory).")(f)
+    f = click.option("--precision", type=click.Choice(PRECISIONS), default=T.precision, show_default=True,
+                     help="bf16: forward and backward under bf16 autocast; weights and optimizer state stay fp32.")(f)
+    f = click.option("--device", default=T.device, show_default=True, callback=_device_spec, metavar="DEVICE",
+                     help="Where the model, inner optimizer and outer state live: auto (CUDA when available), cpu, "
+                          "cuda, cuda:N, mps.")(f)
+    return f
+
+
 def network_options(f: Callable) -> Callable:
     """Options of the state exchange: codec, upload cap, link emulation, swarm secret, timeout."""
     f = codec_option(help="Codec of the published state (the receiver always accumulates in fp32).")(f)
@@ -103,11 +144,13 @@ def build_configs(kw: dict) -> tuple[ModelConfig, TrainConfig, DiLoCoConfig]:
     """Turn parsed model/train/outer options into validated config dataclasses (pops what it uses)."""
     model = ModelConfig(size=kw.pop("model_size"), n_layer=kw.pop("n_layer"), n_embd=kw.pop("n_embd"),
                         n_head=kw.pop("n_head"), block_size=kw.pop("block_size"))
-    train = TrainConfig(batch_size=kw.pop("batch_size"), lr=kw.pop("lr"), seed=kw.get("seed", T.seed))
+    train = TrainConfig(batch_size=kw.pop("batch_size"), lr=kw.pop("lr"), seed=kw.get("seed", T.seed),
+                        device=kw.pop("device", T.device), precision=kw.pop("precision", T.precision))
     diloco = DiLoCoConfig(local_steps=kw.pop("local_steps"), outer_lr=kw.pop("outer_lr"),
                           outer_momentum=kw.pop("outer_momentum"), momentum=kw.pop("momentum"),
                           mix_at=kw.pop("mix_at"), mix_weight=kw.pop("mix_weight"),
-                          mix_pseudo_gradient=kw.pop("mix_pseudo_gradient"), max_staleness=kw.pop("max_staleness"))
+                          mix_pseudo_gradient=kw.pop("mix_pseudo_gradient"), max_staleness=kw.pop("max_staleness"),
+                          offload_outer=kw.pop("offload_outer", D.offload_outer))
     return model, train, diloco
 
 

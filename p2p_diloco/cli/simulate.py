@@ -6,8 +6,10 @@ import os
 
 import click
 
-from p2p_diloco.cli.options import build_configs, codec_option, csv, diloco_options, model_options, user_errors
-from p2p_diloco.config import SIM_METHODS, SimConfig
+from p2p_diloco.cli.options import (
+    build_configs, codec_option, csv, device_options, diloco_options, model_options, user_errors
+)
+from p2p_diloco.sim.config import SIM_METHODS, SimConfig
 
 S = SimConfig
 
@@ -15,6 +17,7 @@ S = SimConfig
 @click.command()
 @model_options
 @diloco_options
+@device_options
 @click.option("--islands", "-k", type=int, default=S.islands, show_default=True, help="K: number of islands.")
 @click.option("--method", "methods", default=",".join(S.methods), show_default=True, callback=csv(str),
               help=f"Comma list of {', '.join(SIM_METHODS)}: gossip DiLoCo, synchronous DiLoCo, data parallel.")
@@ -38,15 +41,19 @@ def simulate(**kw) -> None:
     """Simulate K islands in one process on a virtual clock and compare methods at equal tokens."""
     import torch
 
+    from p2p_diloco.core.device import autocast, resolve_device
     from p2p_diloco.sim.report import run_simulation
 
     with user_errors():
         as_json, data, jobs = kw.pop("as_json"), kw.pop("data"), kw.pop("jobs") or os.cpu_count() or 1
+        vocab_size = kw.pop("vocab_size")
         if jobs == 1:
             torch.set_num_threads(max(1, torch.get_num_threads()))
         model, train, diloco = build_configs(kw)
+        # an unusable device or precision fails here, in one line, before any method runs
+        autocast(resolve_device(train.device), train.precision)
         sim = SimConfig(islands=kw["islands"], methods=tuple(kw["methods"]), tokens=kw["tokens"],
                         time_budget=kw["time_budget"], speeds=kw["speeds"], drop_prob=kw["drop_prob"],
                         latency_ms=kw["latency_ms"], bandwidth_mbps=kw["bandwidth_mbps"], compression=kw["compression"],
                         mix_delay=kw["mix_delay"], step_seconds=kw["step_seconds"], seed=kw["seed"])
-        run_simulation(sim, model, train, diloco, data, as_json, jobs)
+        run_simulation(sim, model, train, diloco, data, as_json, jobs, vocab_size=vocab_size)

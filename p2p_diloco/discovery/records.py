@@ -28,6 +28,7 @@ MAX_INT = 2**62
 MAX_ENDPOINT_LEN = 256
 PEER_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 ENDPOINT_RE = re.compile(r"^tcp://[^\s/]{1,240}:[0-9]{1,5}$")
+MODEL_RE = re.compile(r"^([0-9a-f]{16})?$")
 FINGERPRINT_CHARS = 20
 """Hex digits of sha256 kept in a peer id (80 bits)."""
 
@@ -82,6 +83,10 @@ class IslandRecord:
     round ends with a publish, so this is the phase of its rounds (`p2p_diloco.peers.pacing`)."""
     timestamp: float = 0.0
     """Unix time this record was made."""
+    model: str = ""
+    """Fingerprint of the island's model (`p2p_diloco.core.params.fingerprint`: 16 hex digits of
+    the trainable parameters' names, shapes and dtypes; "" when unknown): partners whose
+    fingerprint differs are never chosen."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.peer_id, str) and PEER_ID_RE.match(self.peer_id)):
@@ -103,6 +108,8 @@ class IslandRecord:
             object.__setattr__(self, name, float(v))  # ints become floats: what travels is strict (from_dict)
         if self.state not in STATES:
             raise _bad("state", f"one of {STATES}", self.state)
+        if not (isinstance(self.model, str) and MODEL_RE.match(self.model)):
+            raise _bad("model", "16 lowercase hex digits or empty", self.model)
         if self.last_partner is not None and not (isinstance(self.last_partner, str) and PEER_ID_RE.match(self.last_partner)):
             raise _bad("last_partner", "None or a peer id", self.last_partner)
 

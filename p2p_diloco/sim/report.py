@@ -7,19 +7,22 @@ import json
 import sys
 import time
 
-from p2p_diloco.config import DiLoCoConfig, ModelConfig, SimConfig, TrainConfig
+from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
+from p2p_diloco.sim.config import SimConfig
 from p2p_diloco.core.data import load_corpus
 from p2p_diloco.sim.simulator import Simulation
 
 
 def run_simulation(sim: SimConfig, model: ModelConfig, train: TrainConfig, diloco: DiLoCoConfig, data: str | None,
-                   as_json: bool, jobs: int = 1) -> dict:
-    """Run every method of `sim`, `jobs` at a time; print a table, or one JSON object with `as_json`."""
+                   as_json: bool, jobs: int = 1, vocab_size: int | None = None) -> dict:
+    """Run every method of `sim`, `jobs` at a time; print a table, or one JSON object with `as_json`.
+
+    `vocab_size` is the token shards' vocabulary when their header does not name it (`load_corpus`)."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    corpus = load_corpus(data)
+    corpus = load_corpus(data, vocab_size)
     err = Console(file=sys.stderr)
     results, started = {}, time.monotonic()
     with Progress(TextColumn("{task.description:>10}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
@@ -40,7 +43,7 @@ def run_simulation(sim: SimConfig, model: ModelConfig, train: TrainConfig, diloc
                 results[method] = simulation.run(method).as_dict()
                 progress.update(tasks[method], completed=1, total=1)
         else:
-            results = _run_parallel(sim, model, train, diloco, data, jobs, report,
+            results = _run_parallel(sim, model, train, diloco, (data, vocab_size), jobs, report,
                                     lambda m: progress.update(tasks[m], completed=1, total=1))
     results = {m: results[m] for m in sim.methods}
     out = {"methods": results,
@@ -64,7 +67,7 @@ def _plain(cfg) -> dict:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()}
 
 
-def _method_worker(method: str, cfgs: tuple, data: str | None, queue) -> None:
+def _method_worker(method: str, cfgs: tuple, data: tuple[str | None, int | None], queue) -> None:
     """One method in its own process with one torch thread (processes, not threads, share the cores)."""
     import torch
 
@@ -78,7 +81,7 @@ def _method_worker(method: str, cfgs: tuple, data: str | None, queue) -> None:
             queue.put(("progress", m, done, total, loss))
 
     try:
-        result = Simulation(*cfgs, load_corpus(data), progress=report).run(method).as_dict()
+        result = Simulation(*cfgs, load_corpus(*data), progress=report).run(method).as_dict()
         queue.put(("result", method, result))
     except BaseException as e:  # the parent reports it; a worker must not die silently
         queue.put(("error", method, f"{type(e).__name__}: {e}"))

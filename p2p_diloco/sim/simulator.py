@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from p2p_diloco.config import DiLoCoConfig, ModelConfig, SimConfig, TrainConfig
+from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
+from p2p_diloco.sim.config import SimConfig
 from p2p_diloco.core import codecs
 from p2p_diloco.core.data import BatchSampler, Corpus, eval_batches
+from p2p_diloco.core.device import resolve_device
 from p2p_diloco.core.inner import InnerLoop, evaluate
 from p2p_diloco.core.island import Island, load_vector
 from p2p_diloco.core.model import build_model
@@ -72,11 +74,14 @@ class Simulation:
         self.evals = eval_batches(corpus.val, self.block, sim.eval_batches, EVAL_BATCH_SIZE,
                                   seed=sim.seed + EVAL_SEED_OFFSET)
         self.progress = progress or (lambda method, done, total, loss: None)
+        self.device = resolve_device(train_cfg.device)
+        """Where every island's model, optimizer and outer state live (`--device`; exchanged states
+        take the codec's round trip on the host and are mixed on the device)."""
 
     # -- shared pieces -------------------------------------------------------------------------
     def _model(self) -> torch.nn.Module:
         torch.manual_seed(self.sim.seed)
-        return build_model(self.model_cfg)
+        return build_model(self.model_cfg, self.corpus.vocab_size).to(self.device)
 
     def _sampler(self, i: int, batch: int | None = None) -> BatchSampler:
         return BatchSampler(self.corpus.train, self.block, batch or self.train_cfg.batch_size, self.sim.seed * ISLAND_SEED_STRIDE + i)
@@ -85,7 +90,7 @@ class Simulation:
         base = self._model()
         out = []
         for i in range(self.sim.islands):
-            model = build_model(self.model_cfg)
+            model = build_model(self.model_cfg, self.corpus.vocab_size).to(self.device)
             model.load_state_dict(base.state_dict())
             out.append(Island(f"island-{i}", model, self.train_cfg, self.diloco, self._sampler(i)))
         return out
@@ -96,7 +101,7 @@ class Simulation:
 
     def evaluate_vector(self, vec: torch.Tensor) -> float:
         """Held-out loss of a flat parameter vector on this simulation's evaluation batches."""
-        return self._eval_vector(build_model(self.model_cfg), vec)
+        return self._eval_vector(build_model(self.model_cfg, self.corpus.vocab_size).to(self.device), vec)
 
     def link_seconds(self, nbytes: int, hops: int = 1) -> float:
         return hops * self.sim.latency_ms / 1000 + nbytes * 8 / (self.sim.bandwidth_mbps * 1e6)
@@ -157,7 +162,7 @@ class Simulation:
                 for _ in range(steps):
                     islands[i].inner_step()
                 deltas.append(codecs.roundtrip(islands[i].pseudo_gradient(), sim.compression))
-            mean = torch.stack(deltas).mean(0)
+            mean = torch.stack(deltas).mean(0).to(self.device)
             for isl in islands:  # absent islands apply the same update, so all stay identical
                 isl.end_round([], delta=mean)
             tokens += len(present) * steps * self.step_tokens

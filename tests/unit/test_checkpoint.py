@@ -18,21 +18,58 @@ def island(seed=0):
                   BatchSampler(data, 16, 2, seed))
 
 
+class Position:
+    """The island's data position and schedule step, checkpointed as a caller's own state is."""
+
+    def __init__(self, isl):
+        self.isl = isl
+
+    def state_dict(self):
+        return {"sampler": self.isl.sampler.state(), "inner_step": self.isl.inner.step}
+
+    def load_state_dict(self, state):
+        self.isl.sampler.set_state(state["sampler"])
+        self.isl.inner.step = state["inner_step"]
+
+
+def parts(isl, scheduler=None):
+    return {"optimizer": isl.inner.optimizer, "scheduler": scheduler, "extra": Position(isl)}
+
+
 def test_roundtrip_restores_the_whole_island(tmp_path):
     a = island()
+    sched_a = torch.optim.lr_scheduler.StepLR(a.inner.optimizer, step_size=2, gamma=0.5)
     for _ in range(3):
         a.inner_step()
+        sched_a.step()
     a.end_round([])
-    tensors, meta = checkpoint.pack_island(a, round_=7, peer_id="abc")
+    tensors, meta = checkpoint.pack(a, parts(a, sched_a), {"round": 7, "model": "f" * 16})
     path = checkpoint.save(tmp_path, tensors, meta)
     assert checkpoint.latest(tmp_path) == path
     b = island(seed=99)
-    assert checkpoint.restore_island(b, checkpoint.load(path), path) == 7
+    sched_b = torch.optim.lr_scheduler.StepLR(b.inner.optimizer, step_size=2, gamma=0.5)
+    assert checkpoint.restore(b, parts(b, sched_b), checkpoint.load(path), path, "f" * 16)["round"] == 7
     assert torch.equal(a.state.phi, b.state.phi) and torch.equal(a.state.m, b.state.m)
     assert (a.state.version, a.state.tokens, a.inner.step) == (b.state.version, b.state.tokens, b.inner.step)
+    assert sched_a.state_dict() == sched_b.state_dict()
     # the next inner step is identical: same weights, same Adam moments, same data position
     assert a.inner_step() == b.inner_step()
     assert torch.equal(a.params_vector(), b.params_vector())
+
+
+def test_any_optimizer_state_round_trips(tmp_path):
+    """Not only AdamW: SGD with momentum and int-keyed state, tuples and None survive the JSON side."""
+    a = island()
+    a.inner.optimizer = torch.optim.SGD(a.model.parameters(), lr=0.1, momentum=0.9)
+    a.inner_step()
+    tensors, meta = checkpoint.pack(a, {"optimizer": a.inner.optimizer}, {"round": 1, "model": "0" * 16})
+    path = checkpoint.save(tmp_path, tensors, meta)
+    b = island()
+    b.inner.optimizer = torch.optim.SGD(b.model.parameters(), lr=0.5, momentum=0.9)
+    checkpoint.restore(b, {"optimizer": b.inner.optimizer}, checkpoint.load(path), path, "0" * 16)
+    sa, sb = a.inner.optimizer.state_dict(), b.inner.optimizer.state_dict()
+    assert sa["param_groups"] == sb["param_groups"]
+    assert all(torch.equal(sa["state"][k]["momentum_buffer"], sb["state"][k]["momentum_buffer"]) for k in sa["state"])
 
 
 def test_only_the_newest_checkpoints_are_kept(tmp_path):
@@ -53,10 +90,12 @@ def test_corrupt_or_mismatched_checkpoints_are_clear_errors(tmp_path):
     (path / "meta.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="unreadable"):
         checkpoint.load(path)
-    other = checkpoint.save(tmp_path / "o", {"phi": torch.ones(4), "m": torch.ones(4), "delta": torch.ones(4)},
-                            {"version": 1, "round": 1})
-    with pytest.raises(CheckpointError, match="model of 4 parameters"):
-        checkpoint.restore_island(island(), checkpoint.load(other), other)
+    other = checkpoint.save(tmp_path / "o", {"outer.phi": torch.ones(4), "outer.m": torch.ones(4)},
+                            {"version": 1, "round": 1, "model": "0" * 16, "states": {}})
+    with pytest.raises(CheckpointError, match="holds 4 parameters"):
+        checkpoint.restore(island(), {}, checkpoint.load(other), other, "0" * 16)
+    with pytest.raises(CheckpointError, match="another model"):
+        checkpoint.restore(island(), {}, checkpoint.load(other), other, "1" * 16)
 
 
 def test_non_finite_values_are_refused(tmp_path):

@@ -54,7 +54,10 @@ def _sections(*names: str) -> list:
     from p2p_diloco import config
     from p2p_diloco.peers.demo import DemoConfig
 
-    return [DemoConfig if n == "DemoConfig" else getattr(config, n) for n in names]
+    from p2p_diloco.sim.config import SimConfig
+
+    known = {"DemoConfig": DemoConfig, "SimConfig": SimConfig}
+    return [known[n] if n in known else getattr(config, n) for n in names]
 
 
 SECTIONS = {
@@ -62,7 +65,7 @@ SECTIONS = {
     "join": (("IslandConfig", "NetworkConfig", "DiLoCoConfig", "TrainConfig", "ModelConfig", "DiscoveryConfig"),
              {"model_size": "size", "host": "bind_host", "fetch_timeout": "fetch_timeout_s"}),
     "simulate": (("SimConfig", "DiLoCoConfig", "TrainConfig", "ModelConfig"), {"model_size": "size"}),
-    "demo": (("DemoConfig",), {}),
+    "demo": (("DemoConfig", "TrainConfig", "DiLoCoConfig"), {}),
     "status": (("DiscoveryConfig",), {"timeout": "connect_timeout"}),
     "dashboard": (("DiscoveryConfig",), {"refresh": "poll"}),
     "bootstrap": (("DiscoveryConfig",), {}),

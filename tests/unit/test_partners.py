@@ -79,3 +79,12 @@ def test_early_in_a_round_the_last_two_partners_are_skipped_while_others_live():
     alone = chooser()
     pair = {"me": rec("me"), "a": rec("a")}
     assert [alone.choose(pair, 5, min_version=5, skip_recent=True).peer_id for _ in range(3)] == ["a"] * 3
+
+
+def test_a_member_running_another_model_is_never_chosen_and_logged_once(caplog):
+    c = chooser(model="a" * 16)
+    members = {"same": rec("same").replace(model="a" * 16), "other": rec("other").replace(model="b" * 16),
+               "unknown": rec("unknown")}
+    for _ in range(3):
+        assert set(c.candidates(members, 5)) == {"same", "unknown"}
+    assert sum("runs another model" in r.message for r in caplog.records) == 1

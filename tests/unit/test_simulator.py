@@ -6,7 +6,8 @@ import pytest
 from click.testing import CliRunner
 
 from p2p_diloco.cli import main
-from p2p_diloco.config import DiLoCoConfig, ModelConfig, SimConfig, TrainConfig
+from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
+from p2p_diloco.sim.config import SimConfig
 from p2p_diloco.core.data import load_corpus
 from p2p_diloco.errors import ConfigError
 from p2p_diloco.sim.simulator import Simulation

@@ -1,0 +1,74 @@
+"""`p2p_diloco.join`: make a user's model and inner optimizer an island of a swarm.
+
+The one entry point of the Python API (exported lazily as `p2p_diloco.join`, so `import
+p2p_diloco` stays light). It builds the configs from a few common keywords, puts the model on its
+device, and returns a `SwarmIsland` (`peers.island`) on a plain process or on rank 0 of a torchrun
+island, or a `RankFollower` (`peers.distributed`) on the other ranks: the loop is the same on all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, IslandConfig, NetworkConfig
+from p2p_diloco.core.device import resolve_device
+from p2p_diloco.peers.distributed import IntraIsland, RankFollower
+from p2p_diloco.peers.island import SwarmIsland
+
+
+def join(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None, *,
+         bootstrap: str | list[str] | tuple[str, ...] | None = None, run_id: str | None = None,
+         secret: str | None = None, run_dir: str | Path | None = None, device: str | None = None,
+         diloco: DiLoCoConfig | None = None, network: NetworkConfig | None = None,
+         discovery: DiscoveryConfig | None = None, island: IslandConfig | None = None,
+         eval_fn: Any = None, extra_state: Any = None, tokens_per_step: int = 1) -> SwarmIsland | RankFollower:
+    """An island around `model` and `optimizer`; use it as a context manager and call `step()` after
+    each `optimizer.step()`.
+
+    - `bootstrap`, `run_id`, `secret`, `run_dir`: the common settings, applied over the config
+      objects (`discovery`, `network`, `island`) when both are given.
+    - `device`: `auto|cpu|cuda|cuda:N|mps` moves the model (and the optimizer's state) there;
+      None leaves it where it is. The outer state lives with the model unless
+      `DiLoCoConfig.offload_outer`.
+    - `scheduler`, `extra_state` (anything with `state_dict()` / `load_state_dict()`, e.g. a data
+      loader's position): checkpointed and resumed with the island.
+    - `eval_fn() -> float`: a held-out loss, evaluated at the start, every `eval_every` rounds and
+      at the end, shown by `status` and the dashboard.
+    - `tokens_per_step`: tokens of one inner step on this process when `step()` is not told.
+    """
+    discovery = _replace(discovery or DiscoveryConfig(), bootstrap=_tuple(bootstrap), run_id=run_id)
+    network = _replace(network or NetworkConfig(), secret=secret)
+    island = _replace(island or IslandConfig(), run_dir=Path(run_dir) if run_dir is not None else None)
+    if device is not None:
+        _move(model, optimizer, resolve_device(device))
+    group = IntraIsland.current()
+    if group is not None and group.rank > 0:
+        return RankFollower(model, group)
+    return SwarmIsland(model, optimizer, scheduler, diloco=diloco, network=network, discovery=discovery,
+                       island=island, eval_fn=eval_fn, extra_state=extra_state, tokens_per_step=tokens_per_step,
+                       group=group)
+
+
+def _tuple(bootstrap: Any) -> tuple[str, ...] | None:
+    if bootstrap is None:
+        return None
+    return (bootstrap,) if isinstance(bootstrap, str) else tuple(bootstrap)
+
+
+def _replace(cfg: Any, **changes: Any) -> Any:
+    """`cfg` with the changes that are not None (validated again by the config's own checks)."""
+    changes = {k: v for k, v in changes.items() if v is not None}
+    return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
+def _move(model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Move the model, in place, and any optimizer state already made, to `device`."""
+    model.to(device)
+    for state in optimizer.state.values():
+        for k, v in state.items():
+            if isinstance(v, torch.Tensor) and v.dim() > 0:
+                state[k] = v.to(device)

@@ -1,0 +1,309 @@
+"""The public island: any torch model and inner optimizer, the user's own loop, gossip in the background.
+
+    with p2p_diloco.join(model, optimizer, bootstrap=[...], run_id="my-run") as island:
+        for batch in data:
+            loss = model(batch).loss; loss.backward(); optimizer.step(); optimizer.zero_grad()
+            island.step(loss=loss, tokens=batch.numel())
+            if island.done:
+                break
+
+`SwarmIsland` owns everything that talks to the swarm (snapshot server, membership, gossip worker,
+partner chooser, metrics, checkpoints) and an outer state (`core.island.OuterLoop`) over the
+model's trainable parameters. The user's loop takes the inner steps; `step()`, called after each
+one, does the rest between two of them, never waiting on the network:
+
+1. keep a fetch of a partner's state going (early in a round only a partner at this island's
+   version or one behind, not one of the last two; the fetch waits for it to publish);
+2. mix a partner's state the moment it has arrived, into anchor and running weights;
+3. when the round is over (H steps, stretched while most others are behind, or `round_seconds`,
+   or a stop), take the outer step with whatever arrived after the last inner step, load the new
+   anchor into the model, publish, announce, log metrics, checkpoint every `checkpoint_every`.
+
+`done` turns True at a `step()` that ended the island's budget (rounds, tokens, seconds) or
+followed `stop()`; under torchrun every rank sees it at the same step (`peers.distributed`).
+`p2p-diloco join` is a user of this class (`peers.runner`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, IslandConfig, NetworkConfig
+from p2p_diloco.core.island import OuterLoop
+from p2p_diloco.core.params import fingerprint
+from p2p_diloco.discovery import open_membership
+from p2p_diloco.discovery.records import IslandRecord
+from p2p_diloco.peers import checkpoint
+from p2p_diloco.peers.distributed import CARRY_ON, NEW_ROUND, STOP, SYNC, IntraIsland
+from p2p_diloco.peers.gossip import GossipWorker
+from p2p_diloco.peers.metrics import LinkRates, MetricsLog, progress_line
+from p2p_diloco.peers.partners import PartnerChooser
+from p2p_diloco.peers.publishing import Publisher
+from p2p_diloco.peers.rounds import ANNOUNCE_EVERY_S, Round, RoundsMixin
+from p2p_diloco.peers.state import ModelExtras, join_from_freshest, resume
+
+log = logging.getLogger(__name__)
+ABANDON_FETCH_S = 1.0
+"""On leaving, how long a running fetch may finish before it is abandoned."""
+
+
+class SwarmIsland(RoundsMixin):
+    """One island of a swarm around a user's model and inner optimizer (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None, *,
+                 diloco: DiLoCoConfig | None = None, network: NetworkConfig | None = None,
+                 discovery: DiscoveryConfig | None = None, island: IslandConfig | None = None,
+                 eval_fn: Any = None, extra_state: Any = None, tokens_per_step: int = 1,
+                 group: IntraIsland | None = None) -> None:
+        from p2p_diloco.exchange.server import SnapshotServer
+
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.diloco, self.network = diloco or DiLoCoConfig(), network or NetworkConfig()
+        self.cfg = island or IslandConfig()
+        self.eval_fn, self.extra_state, self.group = eval_fn, extra_state, group
+        self.world = 1 if group is None else group.world
+        self.tokens_per_step = tokens_per_step
+        self.fingerprint = fingerprint(model)
+        self.membership = open_membership(discovery or DiscoveryConfig())
+        try:
+            self.peer_id = self.membership.peer_id
+            self.name = self.cfg.name or self.peer_id[:8]
+            self.outer = OuterLoop(self.peer_id, model, self.diloco)
+            self.server = SnapshotServer(f"tcp://{self.cfg.bind_host}:{self.cfg.port}", self.network,
+                                         announce_host=self.cfg.announce_host)
+        except BaseException:
+            self.membership.shutdown()
+            raise
+        self.publisher = Publisher(self.server, self.outer, self.diloco, self.peer_id, self.fingerprint)
+        self.gossip = GossipWorker(self.network, timeout_s=self.network.fetch_timeout_s)
+        self.chooser = PartnerChooser(self.peer_id, self.diloco.max_staleness, model=self.fingerprint,
+                                      rng=random.Random(self.peer_id))
+        self.metrics = MetricsLog(self.cfg.run_dir)
+        (self.cfg.run_dir / "island.json").write_text(json.dumps({"peer_id": self.peer_id, "name": self.name,
+                                                                  "endpoint": self.server.endpoint}))
+        self.started_at = time.time()
+        self.round = self.mixes = self.bytes_in = 0
+        self.own_tokens = 0
+        self.inner_seconds = 0.0
+        self.initial_loss: float | None = None
+        self.eval_loss: float | None = None
+        self.last_partner: str | None = None
+        self.last_staleness: int | None = None
+        self.state = "joining"
+        self.link_rates = LinkRates()
+        self.done = self.weights_changed = False
+        self._stop_asked = self._stop_sent = False
+        self._started = self._closed = False
+        self._t0: float | None = None
+        self._returned_at = 0.0
+        self._loss: Any = None
+        self._rnd: Round | None = None
+
+    # -- the user's side -------------------------------------------------------------------------
+    def __enter__(self) -> SwarmIsland:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def version(self) -> int:
+        return self.outer.state.version
+
+    @property
+    def bytes_out(self) -> int:
+        return self.server.stats()["bytes_sent"]
+
+    def figures(self) -> dict[str, Any]:
+        """The island's figures now: what the dashboard shows of it, as a dict."""
+        return {"peer_id": self.peer_id, "name": self.name, "version": self.version, "round": self.round,
+                "tokens": self.own_tokens, "partner": self.last_partner, "staleness": self.last_staleness,
+                "mixes": self.mixes, "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
+                "loss": self.last_loss, "eval_loss": self.eval_loss, "state": self.state}
+
+    @property
+    def last_loss(self) -> float | None:
+        """The loss last passed to `step()`, as a float (read lazily: no device sync per step)."""
+        if isinstance(self._loss, torch.Tensor):
+            self._loss = float(self._loss.detach().float().item())
+        return self._loss
+
+    def share(self, value: int) -> int:
+        """`value` as every rank of a torchrun island sees it: this rank's (rank 0's), told to the others."""
+        return value if self.group is None else self.group.share(value)
+
+    def stop(self) -> None:
+        """Ask the island to stop: the round ends at the next `step()`, which sets `done` (signal-safe)."""
+        self._stop_asked = True
+
+    def start(self) -> SwarmIsland:
+        """Resume (`IslandConfig.resume`) or join from the freshest member, publish, announce, and wait
+        for `wait_for` islands. Called by `with`; on failure the island leaves and the error is raised."""
+        if self._started:
+            return self
+        try:
+            if self.cfg.resume:
+                self.round = resume(self)
+            else:
+                join_from_freshest(self)
+            self._tell_ranks(SYNC)  # the other ranks start from the state this one joined or resumed with
+            self.initial_loss = self.eval_loss = self._evaluate()
+            self.state = "training"
+            self.publish()
+            self.membership.announce(self.record())
+        except BaseException:
+            self.close()
+            raise
+        self._started = True
+        if not self.wait_for_members(self.cfg.wait_for, self.cfg.join_timeout_s) and not self._stop_asked:
+            log.warning("fewer than %d islands after %.0f s; starting anyway", self.cfg.wait_for, self.cfg.join_timeout_s)
+        self._t0 = self._returned_at = time.monotonic()
+        self._rnd = Round.begin(self, 0.0)
+        if self._stop_asked:  # stopped while starting: no round to train
+            self.done = True
+            self._tell_ranks(STOP)
+        return self
+
+    def step(self, loss: Any = None, tokens: int | None = None) -> None:
+        """Call after each inner optimizer step: round bookkeeping, mixing and gossip (see the module docstring).
+
+        `loss` (a float or a tensor, read lazily) is what the dashboard shows; `tokens` those the
+        step trained on on this process (default `tokens_per_step`), counted for the budget and
+        for token-weighted mixing.
+        """
+        if not self._started or self._closed:
+            raise RuntimeError("SwarmIsland.step() before start() (use `with join(...) as island:`) or after close()")
+        if self.done:
+            return
+        now = time.monotonic()
+        rnd = self._rnd
+        rnd.compute_s += now - self._returned_at
+        self.inner_seconds += now - self._returned_at
+        self._loss = (loss.detach() if isinstance(loss, torch.Tensor) else loss) if loss is not None else self._loss
+        self.outer.round_steps += 1
+        rnd.tokens += (self.tokens_per_step if tokens is None else tokens) * self.world
+        if now - rnd.last_announce >= ANNOUNCE_EVERY_S:  # keep watchers current mid-round
+            self.membership.announce(self.record(self.tokens_per_s(rnd)))
+            rnd.last_announce = now
+        ended = self._round_over(rnd)
+        if ended:
+            self._end_round(rnd)
+            self.done = self._budget_spent()
+            self._rnd = rnd = Round.begin(self, rnd.compute_s)
+        if not self.done:
+            self._keep_fetching(rnd)
+            rnd.arrived = rnd.arrived or self._mix_if_arrived()
+        self._tell_ranks(STOP if self.done else NEW_ROUND if ended else SYNC if self.weights_changed else CARRY_ON)
+        self._returned_at = time.monotonic()
+
+    def _tell_ranks(self, cmd: int) -> None:
+        """Under torchrun, what this step did, to the other ranks (`peers.distributed`)."""
+        self.weights_changed = False
+        if self.group is None or self._stop_sent:
+            return
+        self.group.send(cmd)
+        if cmd in (SYNC, NEW_ROUND):
+            self.group.sync_weights(self.outer.slices.params)
+        self._stop_sent = cmd == STOP
+
+    def close(self) -> dict[str, Any]:
+        """Leave cleanly: abandon the fetch, checkpoint, evaluate, remove the record, close sockets.
+        Returns the island's summary (safe to call twice)."""
+        if self._closed:
+            return self._summary
+        self._closed, self.state = True, "leaving"
+        self._tell_ranks(STOP)
+        self.gossip.close(timeout=ABANDON_FETCH_S)
+        steps = []
+        if self._started:
+            steps += [self.save_checkpoint, self._final_eval]
+        steps += [self.membership.leave, self.membership.shutdown, self.server.close, self.metrics.close]
+        for step in steps:
+            try:
+                step()
+            except Exception:  # leaving must not fail half-way: each step is independent
+                log.exception("while leaving: %s failed", getattr(step, "__name__", step))
+        return self._summary
+
+    def _final_eval(self) -> None:
+        self.eval_loss = self._evaluate()
+        self.metrics.write({"summary": self._summary})
+
+    @property
+    def _summary(self) -> dict[str, Any]:
+        return {"peer_id": self.peer_id, "name": self.name, "initial_loss": self.initial_loss,
+                "eval_loss": self.eval_loss, "version": self.version, "tokens": self.own_tokens,
+                "rounds": self.round, "mixes": self.mixes, "utilization": self.utilization(),
+                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out}
+
+    # -- state -----------------------------------------------------------------------------------
+    def _parts(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer, "scheduler": self.scheduler, "model": ModelExtras(self.model),
+                "extra": self.extra_state}
+
+    def save_checkpoint(self) -> Path:
+        """Write the whole island (outer state, inner optimizer, scheduler, buffers, extra state) atomically."""
+        tensors, meta = checkpoint.pack(self.outer, self._parts(), {"round": self.round, "peer_id": self.peer_id,
+                                                                    "model": self.fingerprint,
+                                                                    "own_tokens": self.own_tokens})
+        return checkpoint.save(self.cfg.run_dir / "checkpoints", tensors, meta)
+
+    def _evaluate(self) -> float | None:
+        return None if self.eval_fn is None else float(self.eval_fn())
+
+    def publish(self) -> None:
+        self.publisher.publish()
+
+    def record(self, tokens_per_s: float = 0.0) -> IslandRecord:
+        """This island's discovery record (link rates: see `LinkRates`)."""
+        s = self.outer.state
+        sent = self.bytes_out
+        up, down = self.link_rates.update(time.monotonic(), sent, self.bytes_in)
+        return IslandRecord(peer_id=self.peer_id, endpoint=self.server.endpoint, version=s.version, tokens=s.tokens,
+                            tokens_per_s=tokens_per_s, loss=self.last_loss, eval_loss=self.eval_loss,
+                            state=self.state, upload_bps=up, download_bps=down, bytes_sent=sent,
+                            bytes_received=self.bytes_in, last_partner=self.last_partner,
+                            started_at=self.started_at, published_at=self.publisher.published_at,
+                            timestamp=time.time(), model=self.fingerprint)
+
+    def wait_for_members(self, count: int, timeout: float) -> bool:
+        """Wait until discovery shows `count` islands, this one included (at most `timeout` s, or
+        until `stop()`); True if it did."""
+        deadline = time.monotonic() + timeout
+        while len(self.membership.members()) < count:
+            if self._stop_asked or time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
+    def utilization(self) -> float:
+        """Share of wall time since the first inner step spent in the user's inner steps."""
+        return 0.0 if self._t0 is None else self.inner_seconds / max(time.monotonic() - self._t0, 1e-6)
+
+    def _budget_spent(self) -> bool:
+        c = self.cfg
+        return bool(self._stop_asked
+                    or (c.max_rounds is not None and self.round >= c.max_rounds)
+                    or (c.max_tokens is not None and self.own_tokens >= c.max_tokens)
+                    or (c.max_seconds is not None and time.monotonic() - self._t0 >= c.max_seconds))
+
+    def _log_round(self, info: dict, steps: int, compute_s: float) -> None:
+        """One metrics row and progress line per round; a checkpoint every `checkpoint_every` rounds."""
+        row = {"round": self.round, "version": self.version, "tokens": self.outer.state.tokens,
+               "own_tokens": self.own_tokens, "steps": steps, "loss": self.last_loss,
+               "eval_loss": self.eval_loss if self.round % self.cfg.eval_every == 0 else None,
+               "tokens_per_s": self.tokens_per_s(self._rnd), "bytes_out": self.bytes_out,
+               "weight": None, "staleness": None, "inner_s": round(compute_s, 3),
+               "wall_s": round(time.monotonic() - self._t0, 3), "utilization": self.utilization(), **info}
+        self.metrics.write(row)
+        if not self.cfg.quiet:
+            progress_line(self.name, row)
+        if self.round % self.cfg.checkpoint_every == 0:
+            self.save_checkpoint()

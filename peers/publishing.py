@@ -1,0 +1,53 @@
+"""Publishing an island's outer state: from wherever it lives, through pinned host memory, to the server.
+
+The snapshot server encodes host tensors. An anchor on an accelerator is first copied into a
+pinned host buffer (allocated once, reused every round: an asynchronous DMA copy instead of a
+pageable one, and no new allocation per round); an anchor on the host is encoded where it is.
+What is published: the anchor always, the momentum in `momentum="mixed"` mode, the last
+pseudo-gradient when partners average pseudo-gradients; the manifest's meta names the island and
+its model fingerprint, so a partner with another model refuses the state before mixing it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from p2p_diloco.config import DiLoCoConfig
+from p2p_diloco.core.device import pinned_buffer, to_host
+
+
+class Publisher:
+    """Publishes the state of one island's `OuterLoop` on its `SnapshotServer` (see the module docstring)."""
+
+    def __init__(self, server, outer, diloco: DiLoCoConfig, peer_id: str, model: str) -> None:
+        self.server, self.outer, self.diloco = server, outer, diloco
+        self.meta = {"peer_id": peer_id, "model": model}
+        self.published_at = 0.0
+        """Unix time of the last publish (the phase of the island's rounds, for pacing)."""
+        self._staging: dict[str, torch.Tensor] = {}
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        s = self.outer.state
+        out = {"phi": s.phi}
+        if self.diloco.momentum == "mixed":
+            out["m"] = s.m
+        if self.diloco.mix_pseudo_gradient and s.delta is not None:
+            out["delta"] = s.delta
+        return out
+
+    def _on_host(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu":
+            return x
+        buf = self._staging.get(name)
+        if buf is None or buf.numel() != x.numel():
+            buf = self._staging[name] = pinned_buffer(x.numel(), x.device)
+        return to_host(x, buf)
+
+    def publish(self) -> None:
+        """Encode the state as it is now and serve it from now on."""
+        s = self.outer.state
+        host = {name: self._on_host(name, x) for name, x in self.tensors().items()}
+        self.server.publish(host, s.version, s.tokens, meta=self.meta)
+        self.published_at = time.time()

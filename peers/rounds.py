@@ -1,0 +1,173 @@
+"""An island's rounds between two inner steps: keep a fetch going, mix what arrived, end the round.
+
+Split from `peers.island` so that module holds the island's life (start, step, close, state) and
+this one the round's schedule. Everything here runs inside `SwarmIsland.step()`, between two of the
+user's inner steps, and never waits on the network: the fetch runs on the gossip worker's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from p2p_diloco.core.outer import PartnerState
+from p2p_diloco.errors import TransportError
+from p2p_diloco.peers.gossip import partner_state
+from p2p_diloco.peers.pacing import catch_up_seconds
+
+log = logging.getLogger(__name__)
+ANNOUNCE_EVERY_S = 2.0
+"""Mid-round, the island's record is announced again this often (the dashboard's tokens/s and loss)."""
+FRESH_RECORD_S = 3 * ANNOUNCE_EVERY_S
+"""Pacing counts only records younger than this: a dead island's record lingers until it expires."""
+RETRY_PARTNER_S = 0.5
+"""How often a round that found no partner at its start looks again (one may have published since)."""
+
+
+@dataclass
+class Round:
+    """One round's schedule while its inner steps run."""
+
+    start: float
+    """Monotonic time the round began."""
+    fresh_until: float
+    """Until then only a partner at this island's version (or one behind) is fetched."""
+    next_try: float
+    """When to look for a partner again, if no fetch runs."""
+    last_announce: float
+    compute_s: float = 0.0
+    """Time spent in the user's inner steps this round."""
+    tokens: int = 0
+    """Tokens the round's inner steps trained on (the whole island's, every rank)."""
+    fetching: bool = False
+    arrived: dict | None = None
+    """The exchange figures of a partner mixed mid-round (`mix_at=arrival`)."""
+    stretch_until: float | None = None
+    """Past H: when to stop training on (set once H steps are done)."""
+
+    @classmethod
+    def begin(cls, island: Any, last_compute_s: float) -> Round:
+        now = time.monotonic()
+        return cls(start=now, fresh_until=now + island.cfg.same_version_wait * last_compute_s, next_try=now,
+                   last_announce=now)
+
+
+class RoundsMixin:
+    """The round's steps of `SwarmIsland` (which provides the attributes used here)."""
+
+    def tokens_per_s(self, rnd: Round | None) -> float:
+        return 0.0 if rnd is None else rnd.tokens / max(rnd.compute_s, 1e-6)
+
+    def _round_over(self, rnd: Round) -> bool:
+        """H steps (stretched while most others are behind), the time or token budget, or a stop."""
+        steps, H = self.outer.round_steps, self.diloco.local_steps
+        if self._stop_asked or steps >= H + int(self.cfg.max_stretch * H):
+            return True
+        if self.cfg.max_tokens is not None and self.own_tokens + rnd.tokens >= self.cfg.max_tokens:
+            return True
+        if self.diloco.round_seconds and time.monotonic() - rnd.start >= self.diloco.round_seconds:
+            return True
+        return steps >= H and self._stretch_over(rnd)
+
+    def _stretch_over(self, rnd: Round) -> bool:
+        """Past H: train on while most of the others are behind in their rounds (`max_stretch`)."""
+        if rnd.stretch_until is None:
+            rnd.stretch_until = time.monotonic() + catch_up_seconds(
+                self.membership.members(), self.peer_id, self.publisher.published_at, time.time(),
+                fresh_s=FRESH_RECORD_S)
+        return time.monotonic() >= rnd.stretch_until
+
+    def _keep_fetching(self, rnd: Round) -> None:
+        """Start a fetch when none runs and it is time to look for a partner (again)."""
+        now = time.monotonic()
+        if rnd.fetching or now < rnd.next_try:
+            return
+        same_version = now < rnd.fresh_until
+        rnd.fetching = self._start_fetch(rnd.fresh_until if same_version else None)
+        # look again soon, and at once when the wait for a partner at our version ends
+        rnd.next_try = min(now + RETRY_PARTNER_S, rnd.fresh_until) if same_version else now + RETRY_PARTNER_S
+
+    def _start_fetch(self, fresh_until: float | None = None) -> bool:
+        """Start fetching a partner's snapshot unless one is on its way or waits to be taken; True if so.
+
+        Until `fresh_until` (monotonic), only a partner at this island's version, or one version
+        behind and so about to publish it, that was not one of the last two partners qualifies;
+        the fetch then waits for it to publish this version, until `fresh_until`.
+        """
+        if self.gossip.busy or self.gossip.has_result:
+            return True
+        v = self.outer.state.version
+        members = self.membership.members()
+        if fresh_until is None:
+            partner = self.chooser.choose(members, v)
+            return partner is not None and self.gossip.start(partner)
+        partner = self.chooser.choose(members, v, min_version=v - 1, skip_recent=True)
+        return partner is not None and self.gossip.start(partner, min_version=v, wait_until=fresh_until)
+
+    def _take_partner(self) -> tuple[list[PartnerState], dict]:
+        """The fetched partner state, if one arrived, checked against this model, and its figures."""
+        result = self.gossip.take()
+        if result is None:
+            return [], {"partner": None, "fetch_s": None, "bytes_in": 0}
+        info = {"partner": result.peer_id, "fetch_s": round(result.seconds, 3), "wait_s": round(result.waited_s, 3),
+                "bytes_in": result.nbytes}
+        if result.snapshot is None:
+            self.chooser.failed(result.peer_id)
+            info["fetch_error"] = result.error
+            return [], info
+        self.chooser.succeeded(result.peer_id, result.nbytes, result.seconds)
+        self.bytes_in += result.nbytes
+        try:
+            return [partner_state(result.snapshot, self.outer.state.phi.numel(), self.fingerprint)], info
+        except TransportError as e:
+            if self.chooser.exclude(result.peer_id):
+                log.warning("%s; never mixing with %s", e, result.peer_id[:8])
+            info["fetch_error"] = str(e)
+            return [], info
+
+    def _mix_if_arrived(self) -> dict | None:
+        """Between inner steps (`mix_at=arrival`): mix a partner state the moment its fetch is done.
+
+        The anchor and the running weights move together, so the rest of the round trains from the
+        mixed point. Returns the exchange's figures, or None while nothing has arrived.
+        """
+        if self.diloco.mix_at != "arrival" or self.gossip.busy:
+            return None
+        partners, info = self._take_partner()
+        if info["partner"] is None:
+            return None
+        info["weight"] = 0.0
+        if partners:
+            info["staleness"] = self.outer.state.version - partners[0].version
+            info["weight"] = self.outer.mix_arrived(partners[0])
+            info["mixed_after_steps"] = self.outer.round_steps
+            self._count_mix(info)
+        return info
+
+    def _count_mix(self, info: dict) -> None:
+        if info.get("weight"):
+            self.mixes += 1
+            self.last_partner, self.last_staleness = info["partner"], info.get("staleness")
+            self.weights_changed = True
+
+    def _end_round(self, rnd: Round) -> None:
+        """Mix what arrived after the last step, take the outer step, evaluate, publish, announce, log."""
+        outer, steps = self.outer, self.outer.round_steps
+        partners, info = self._take_partner()  # a fetch that arrived after the last inner step
+        weights = outer.end_round(partners, tokens=rnd.tokens)
+        self.weights_changed = True
+        if partners:
+            info["weight"], info["staleness"] = weights[0], outer.state.version - 1 - partners[0].version
+            info["mixed_after_steps"] = steps
+            self._count_mix(info)
+        elif rnd.arrived is not None:
+            info = rnd.arrived
+        self.round += 1
+        self.own_tokens += rnd.tokens
+        if self.round % self.cfg.eval_every == 0:
+            self.eval_loss = self._evaluate()
+        self.publish()
+        self.membership.announce(self.record(self.tokens_per_s(rnd)))
+        self._log_round(info, steps, rnd.compute_s)

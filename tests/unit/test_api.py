@@ -1,0 +1,140 @@
+"""The public API around a user's own model, optimizer and loop (`p2p_diloco.join`), in one process.
+
+A lone island (ZeroMQ discovery, no bootstrap) is enough for what does not need a partner: the
+round schedule, checkpoint and resume of the whole island, refusals of models that cannot take
+part. Partners, mixing and fingerprints across processes are in tests/integration.
+"""
+
+import pytest
+import torch
+
+import p2p_diloco
+from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, IslandConfig
+from p2p_diloco.core.island import OuterLoop
+from p2p_diloco.core.outer import PartnerState
+from p2p_diloco.core.params import ParamSlices, fingerprint
+from p2p_diloco.errors import CheckpointError, ModelError, TransportError
+from p2p_diloco.peers.gossip import partner_state
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Tiny(torch.nn.Module):
+    """A user's model: a frozen embedding, a trainable head, an integer buffer and a float buffer."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, width)
+        self.embed.weight.requires_grad_(False)
+        self.head = torch.nn.Linear(width, 16)
+        self.register_buffer("seen", torch.zeros((), dtype=torch.long))
+        self.register_buffer("scale", torch.ones(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen += x.numel()
+        return self.head(self.embed(x)) * self.scale
+
+
+def loss_of(model: Tiny, gen: torch.Generator) -> torch.Tensor:
+    x = torch.randint(0, 16, (4, 3), generator=gen)
+    return torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
+
+
+def lone_island(tmp_path, model, optimizer, scheduler=None, **island):
+    cfg = IslandConfig(run_dir=tmp_path, quiet=True, join_timeout_s=0.2, **island)
+    return p2p_diloco.join(model, optimizer, scheduler, discovery=DiscoveryConfig(discovery="zmq"), island=cfg,
+                           diloco=DiLoCoConfig(local_steps=3), tokens_per_step=12)
+
+
+def train(island, model, optimizer, scheduler, gen) -> int:
+    steps = 0
+    while not island.done:
+        loss = loss_of(model, gen)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+        island.step(loss=loss)
+        steps += 1
+    return steps
+
+
+def test_a_users_loop_runs_rounds_and_resumes_the_whole_island(tmp_path):
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    with lone_island(tmp_path, model, opt, sched, max_rounds=2, max_stretch=0.0) as island:
+        steps = train(island, model, opt, sched, torch.Generator().manual_seed(1))
+        figures = island.figures()
+    assert steps == 6 and figures["round"] == 2 and figures["version"] == 2 and figures["tokens"] == 72
+    assert island.close()["rounds"] == 2  # closing twice is harmless
+    anchor, seen = island.outer.state.phi.clone(), int(model.seen)
+
+    torch.manual_seed(1)  # other initial weights: everything must come from the checkpoint
+    model2 = Tiny()
+    opt2 = torch.optim.SGD([p for p in model2.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
+    sched2 = torch.optim.lr_scheduler.StepLR(opt2, step_size=2, gamma=0.5)
+    with lone_island(tmp_path, model2, opt2, sched2, max_rounds=3, resume=True) as resumed:
+        assert (resumed.round, resumed.version, resumed.own_tokens) == (2, 2, 72)
+        assert torch.equal(resumed.outer.state.phi, anchor) and int(model2.seen) == seen
+        assert sched2.state_dict() == sched.state_dict()
+        buf = next(iter(opt2.state.values()))["momentum_buffer"]
+        assert torch.equal(buf, next(iter(opt.state.values()))["momentum_buffer"])
+        assert torch.equal(model2.embed.weight, model.embed.weight)  # frozen weights are checkpointed too
+
+
+def test_a_checkpoint_of_another_model_is_refused(tmp_path):
+    model = Tiny()
+    opt = torch.optim.SGD(model.head.parameters(), lr=0.1)
+    with lone_island(tmp_path, model, opt, max_rounds=1) as island:
+        while not island.done:
+            island.step()
+    other = Tiny(width=4)
+    with pytest.raises(CheckpointError, match="another model"):
+        lone_island(tmp_path, other, torch.optim.SGD(other.head.parameters(), lr=0.1), resume=True).start()
+
+
+def test_models_that_cannot_take_part_are_clear_errors(tmp_path):
+    frozen = torch.nn.Linear(2, 2).requires_grad_(False)
+    with pytest.raises(ModelError, match="no trainable parameters"):
+        p2p_diloco.join(frozen, torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1),
+                        discovery=DiscoveryConfig(discovery="zmq"), island=IslandConfig(run_dir=tmp_path))
+
+
+def test_only_trainable_float_parameters_travel_and_tied_weights_once():
+    model = Tiny()
+    slices = ParamSlices(model)
+    assert slices.numel == sum(p.numel() for p in model.head.parameters())  # no frozen weight, no buffer
+    tied = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    tied[1].weight = tied[0].weight
+    assert ParamSlices(tied).numel == 40
+    outer = OuterLoop("a", model, DiLoCoConfig(token_weighting=False))
+    partner = PartnerState(phi=outer.state.phi + 1, m=None, delta=None, version=0, tokens=0)
+    seen, scale = model.seen.clone(), model.scale.clone()
+    outer.mix_arrived(partner)
+    outer.end_round([partner])
+    assert torch.equal(model.seen, seen) and torch.equal(model.scale, scale)  # buffers are never averaged
+
+
+def test_fingerprints_tell_models_apart_but_not_their_wrappers():
+    a, b = Tiny(), Tiny(width=4)
+    assert fingerprint(a) != fingerprint(b) and len(fingerprint(a)) == 16
+    wrapped = torch.nn.Module()
+    wrapped.module = Tiny()
+    assert fingerprint(wrapped) == fingerprint(a)  # DDP's `module.` prefix
+
+
+class Snap:
+    def __init__(self, tensors, model):
+        self.tensors, self.meta, self.endpoint = tensors, {"peer_id": "p", "model": model}, "tcp://x:1"
+        self.version, self.tokens = 1, 10
+
+
+def test_a_partner_state_for_another_model_is_refused_before_mixing():
+    n = 10
+    assert partner_state(Snap({"phi": torch.zeros(n)}, "a" * 16), n, "a" * 16).phi.numel() == n
+    with pytest.raises(TransportError, match="another model"):
+        partner_state(Snap({"phi": torch.zeros(n)}, "b" * 16), n, "a" * 16)
+    with pytest.raises(TransportError, match="'m' holds 9 values"):
+        partner_state(Snap({"phi": torch.zeros(n), "m": torch.zeros(9)}, "a" * 16), n, "a" * 16)
