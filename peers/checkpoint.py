@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
+from safetensors.torch import load_file as st_load_file
+from safetensors.torch import save_file as st_save_file
 
 from p2p_diloco.errors import CheckpointError
 
@@ -54,6 +54,15 @@ def _write(path: Path, blob: bytes) -> None:
         os.fsync(f.fileno())
 
 
+def _sha256(path: Path, block: int = 16 * 1024 * 1024) -> str:
+    """The file's sha256, read a block at a time (a checkpoint of a large model never sits in memory twice)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def save(folder: str | Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Path:
     """Write a checkpoint atomically under `folder`; returns the checkpoint's directory."""
     folder = Path(folder)
@@ -62,9 +71,11 @@ def save(folder: str | Path, tensors: dict[str, torch.Tensor], meta: dict[str, A
     final, tmp = folder / name, folder / f".{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    blob = st_save({k: v.detach().contiguous().cpu() for k, v in tensors.items()})
-    _write(tmp / "state.safetensors", blob)
-    full_meta = {**meta, "format": FORMAT, "sha256": hashlib.sha256(blob).hexdigest()}
+    state = tmp / "state.safetensors"
+    st_save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, state)  # streamed, no copy in memory
+    with open(state, "rb+") as f:
+        os.fsync(f.fileno())
+    full_meta = {**meta, "format": FORMAT, "sha256": _sha256(state)}
     _write(tmp / "meta.json", json.dumps(full_meta, indent=1).encode())
     _fsync_dir(tmp)
     if final.exists():
@@ -95,15 +106,15 @@ def load(path: str | Path) -> CheckpointData:
     path = Path(path)
     try:
         meta = json.loads((path / "meta.json").read_text())
-        blob = (path / "state.safetensors").read_bytes()
+        digest = _sha256(path / "state.safetensors")
     except (OSError, ValueError) as e:
         raise CheckpointError(f"checkpoint {path} is unreadable: {e}") from e
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path} has an unknown format (expected format {FORMAT})")
-    if hashlib.sha256(blob).hexdigest() != meta.get("sha256"):
+    if digest != meta.get("sha256"):
         raise CheckpointError(f"checkpoint {path / 'state.safetensors'} is corrupt (checksum mismatch)")
     try:
-        tensors = st_load(blob)
+        tensors = st_load_file(path / "state.safetensors")
     except (SafetensorError, ValueError) as e:
         raise CheckpointError(f"checkpoint {path} cannot be parsed: {e}") from e
     bad = [k for k, v in tensors.items() if v.is_floating_point() and not torch.isfinite(v).all()]

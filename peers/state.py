@@ -73,7 +73,7 @@ def join_from_freshest(island: Any) -> None:
         island.state = "syncing"
         tried.add(best.peer_id)
         try:
-            snap = fetch(best.endpoint, island.network,
+            snap = fetch(best.endpoint, island.network, decode=False,
                          timeout=min(island.network.fetch_timeout_s, deadline - time.monotonic()))
             outer.adopt(partner_state(snap, outer.state.phi.numel(), island.fingerprint))
             island.bytes_in += snap.nbytes

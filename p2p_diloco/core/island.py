@@ -25,7 +25,7 @@ from p2p_diloco.core.inner import InnerLoop
 from p2p_diloco.core.outer import (
     OuterState, PartnerState, mix, mix_counters_, mix_values_, mixing_weight, nesterov_, outer_update
 )
-from p2p_diloco.core.params import ParamSlices
+from p2p_diloco.core.params import CHUNK, ParamSlices
 
 
 class OuterLoop:
@@ -113,13 +113,24 @@ class OuterLoop:
         return PartnerState(phi=s.phi.clone(), m=s.m.clone(), delta=None if s.delta is None else s.delta.clone(),
                             version=s.version, tokens=s.tokens, peer=self.name)
 
+    @torch.no_grad()
     def adopt(self, snapshot: PartnerState) -> None:
-        """Start from a partner's state (a joiner never starts from random weights in a running swarm)."""
-        device = self.state.phi.device
-        phi = snapshot.phi.to(device, torch.float32).clone()
-        m = snapshot.m.to(device, torch.float32).clone() if snapshot.m is not None else torch.zeros_like(phi)
-        self.state = OuterState(phi=phi, m=m, delta=None if self.state.delta is None else torch.zeros_like(phi),
-                                version=snapshot.version, tokens=snapshot.tokens)
+        """Start from a partner's state (a joiner never starts from random weights in a running swarm).
+
+        Written into the island's own vectors a slice at a time, so a state that arrived encoded is
+        never decoded whole.
+        """
+        s = self.state
+        for i in range(0, s.phi.numel(), CHUNK):
+            j = min(i + CHUNK, s.phi.numel())
+            s.phi[i:j].copy_(snapshot.phi[i:j].to(s.phi.device, non_blocking=True))
+            if snapshot.m is None:
+                s.m[i:j].zero_()
+            else:
+                s.m[i:j].copy_(snapshot.m[i:j].to(s.m.device, non_blocking=True))
+        if s.delta is not None:
+            s.delta.zero_()
+        s.version, s.tokens = snapshot.version, snapshot.tokens
         self.begin_round()
 
 

@@ -354,10 +354,11 @@ def _with_rtt(prior: flowcontrol.LinkEstimate | None, rtt: float) -> flowcontrol
     return flowcontrol.LinkEstimate(rtt_s=min(prior.rtt_s, rtt), bytes_per_s=prior.bytes_per_s)
 
 
-def fetch(endpoint: str, config: NetworkConfig | None = None, timeout: float | None = None) -> Snapshot:
+def fetch(endpoint: str, config: NetworkConfig | None = None, timeout: float | None = None,
+          decode: bool = True) -> Snapshot:
     """Fetch `endpoint`'s latest snapshot over a fresh connection (see `Fetcher.fetch`)."""
     with Fetcher(endpoint, config) as f:
-        return f.fetch(timeout)
+        return f.fetch(timeout, decode=decode)
 
 
 def fetch_manifest(endpoint: str, config: NetworkConfig | None = None, timeout: float | None = None) -> wire.Manifest:

@@ -138,3 +138,17 @@ def test_a_partner_state_for_another_model_is_refused_before_mixing():
         partner_state(Snap({"phi": torch.zeros(n)}, "b" * 16), n, "a" * 16)
     with pytest.raises(TransportError, match="'m' holds 9 values"):
         partner_state(Snap({"phi": torch.zeros(n), "m": torch.zeros(9)}, "a" * 16), n, "a" * 16)
+
+
+def test_a_joiner_adopts_an_encoded_state_into_its_anchor_and_weights():
+    from p2p_diloco.core import codecs
+
+    model = Tiny()
+    outer = OuterLoop("joiner", model, DiLoCoConfig())
+    theirs = torch.randn(outer.state.phi.numel())
+    m = torch.randn_like(theirs)
+    enc = {k: codecs.EncodedVector(codecs.encode(v, "int8"), "int8", v.numel()) for k, v in (("phi", theirs), ("m", m))}
+    outer.adopt(PartnerState(phi=enc["phi"], m=enc["m"], delta=None, version=7, tokens=99))
+    assert torch.equal(outer.state.phi, codecs.roundtrip(theirs, "int8"))
+    assert torch.equal(outer.state.m, codecs.roundtrip(m, "int8"))
+    assert torch.equal(outer.params_vector(), outer.state.phi) and (outer.state.version, outer.state.tokens) == (7, 99)
