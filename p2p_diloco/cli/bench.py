@@ -1,4 +1,4 @@
-"""`p2p-diloco bench transport|swarm`: the measurements BENCHMARKS.md quotes, each printed by one command."""
+"""`p2p-diloco bench transport|swarm|round`: the measurements BENCHMARKS.md quotes, each printed by one command."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from p2p_diloco.cli.options import codec_option, user_errors
+from p2p_diloco.cli.options import codec_option, csv, user_errors
 from p2p_diloco.config import DiLoCoConfig
 from p2p_diloco.sim.config import SimConfig
 
@@ -78,3 +78,47 @@ def bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_
         click.echo(f"{'run ' + str(k):>24}: eval loss {r['swarm_eval_loss']:.4f} (x{r['ratio_to_dp']:.4f} dp), islands "
                    f"{', '.join(f'{x:.4f}' for x in r['per_island_eval_loss'])}, utilization "
                    f"{min(r['utilization']):.3f}-{max(r['utilization']):.3f}, {r['bytes_moved']:,} bytes, {r['workdir']}")
+
+
+def _param_count(text: str) -> int:
+    """A model size as an int or a float like 124e6, within what `bench round` can build and hold."""
+    x = float(text)
+    if not x.is_integer() or not 1e4 <= x <= 2e9:
+        raise ValueError(f"{text!r} is not a whole number of parameters between 1e4 and 2e9")
+    return int(x)
+
+
+@bench.command("round")
+@click.option("--params", default="1e6,1.2e7,1.24e8", show_default=True, callback=csv(_param_count),
+              help="Model sizes (trainable parameters, comma-separated); each runs in its own process.")
+@click.option("--threads", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="torch threads of the measuring process (an island process runs with one).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout; details go to stderr.")
+def bench_round(params, threads, as_json) -> None:
+    """What one gossip round (publish, fetch, mix, outer step) costs an island, against model size."""
+    from p2p_diloco.bench.round import run_round, targets
+
+    if not params:
+        raise click.BadParameter("give at least one size", param_hint="--params")
+    with user_errors():
+        out = run_round(params, threads, log=lambda msg: click.echo(msg, err=True))
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    _round_table(out["rows"])
+    for what, value, limit, met in targets(out["rows"]):
+        click.echo(f"target {what}: {value:.2f} <= {limit:g}: {'met' if met else 'MISSED'}")
+
+
+def _round_table(rows: list[dict]) -> None:
+    """The rows of `bench round` as a table: seconds, MiB, and the ratios the targets use."""
+    head = ("params", "state MiB", "clone_s", "publish_s", "fetch_s", "mix_s", "outer_s", "overhead_s",
+            "peak MiB", "ns/param", "x clone", "x state")
+    widths = [13, *(max(len(h), 9) for h in head[1:])]
+    click.echo(" ".join(f"{h:>{w}}" for h, w in zip(head, widths)))
+    for r in rows:
+        cells = [f"{r['params']:,}", f"{r['state_bytes'] / 2**20:.1f}",
+                 *(f"{r[k]:.4f}" for k in ("clone_s", "publish_s", "fetch_s", "mix_s", "outer_s", "overhead_s")),
+                 f"{r['peak_extra_bytes'] / 2**20:.1f}", f"{r['overhead_per_param_ns']:.2f}",
+                 f"{r['overhead_vs_clone']:.2f}", f"{r['peak_extra_vs_state']:.2f}"]
+        click.echo(" ".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
