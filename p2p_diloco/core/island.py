@@ -23,7 +23,7 @@ from p2p_diloco.config import DiLoCoConfig, TrainConfig
 from p2p_diloco.core.data import BatchSampler
 from p2p_diloco.core.inner import InnerLoop
 from p2p_diloco.core.outer import (
-    OuterState, PartnerState, mix, mix_counters_, mix_values_, mixing_weight, nesterov_, outer_update
+    OuterState, PartnerState, blend_, mix_counters_, mix_values_, mixing_weight, nesterov_, outer_update
 )
 from p2p_diloco.core.params import CHUNK, ParamSlices
 
@@ -66,12 +66,19 @@ class OuterLoop:
         from the mixed point. Returns the weight used (0: skipped).
         """
         (_, a), = self.weigh([partner])
-        self.arrived.append((partner, a))
+        # kept for the round's end only when pseudo-gradients are averaged: else the partner's state
+        # is freed as soon as it is mixed, not held through the outer step
+        self.arrived.append((partner if self.cfg.mix_pseudo_gradient else None, a))
         if a <= 0:
             return a
-        phi, theirs = self.state.phi, partner.phi
-        self.slices.add(lambda i, j: (theirs[i:j].to(phi.device, non_blocking=True) - phi[i:j]).mul_(a))
-        mix(self.state, partner, a, self.cfg)
+        s, mixed_m = self.state, self.cfg.momentum == "mixed" and partner.m is not None
+        for i, j, theta in self.slices:  # each slice of the partner's state decoded once
+            theirs = partner.phi[i:j].to(s.phi.device, non_blocking=True)
+            theta.add_((theirs - s.phi[i:j]).mul_(a).to(theta.device, theta.dtype, non_blocking=True))
+            blend_(s.phi[i:j], theirs, a)
+            if mixed_m:
+                blend_(s.m[i:j], partner.m[i:j], a)
+        mix_counters_(s, partner, a)
         return a
 
     @torch.no_grad()

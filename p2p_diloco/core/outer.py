@@ -90,7 +90,7 @@ def mixing_weight(cfg: DiLoCoConfig, own_version: int, own_tokens: int, partner:
     return float(min(1.0, max(0.0, a)))
 
 
-def _blend_(x: torch.Tensor, y: torch.Tensor, a: float) -> torch.Tensor:
+def blend_(x: torch.Tensor, y: torch.Tensor, a: float) -> torch.Tensor:
     """`x <- (1-a) x + a y` in place; written so that a=1/2 is exactly symmetric in x and y.
 
     When `y` lives on another device (a fetched state on the host, the anchor on an accelerator),
@@ -120,9 +120,9 @@ def mix(state: OuterState, partner: PartnerState, a: float, cfg: DiLoCoConfig) -
 def mix_values_(state: OuterState, partner: PartnerState, a: float, cfg: DiLoCoConfig, i: int = 0,
                 j: int | None = None) -> None:
     """The values part of `mix`, on the slice `[i, j)` of the vectors (all of them by default)."""
-    _blend_(state.phi[i:j], partner.phi[i:j], a)
+    blend_(state.phi[i:j], partner.phi[i:j], a)
     if cfg.momentum == "mixed" and partner.m is not None:
-        _blend_(state.m[i:j], partner.m[i:j], a)
+        blend_(state.m[i:j], partner.m[i:j], a)
 
 
 def mix_counters_(state: OuterState, partner: PartnerState, a: float) -> None:
@@ -146,8 +146,8 @@ def outer_update(state: OuterState, delta: torch.Tensor, partners: list[tuple[Pa
     for partner, a in partners:
         mix(state, partner, a, cfg)
     for partner, a in [*arrived, *partners]:
-        if cfg.mix_pseudo_gradient and partner.delta is not None and a > 0:
-            used = _blend_(used.clone(), partner.delta, a)
+        if cfg.mix_pseudo_gradient and partner is not None and partner.delta is not None and a > 0:
+            used = blend_(used.clone(), partner.delta, a)
     nesterov_step(state, used, cfg.outer_lr, cfg.outer_momentum)
     if state.delta is not None:
         state.delta = delta.clone()
