@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from p2p_diloco.bench.round import DEFAULT_PARAMS
 from p2p_diloco.cli.options import codec_option, csv, user_errors
 from p2p_diloco.config import DiLoCoConfig
 from p2p_diloco.sim.config import SimConfig
@@ -89,8 +90,8 @@ def _param_count(text: str) -> int:
 
 
 @bench.command("round")
-@click.option("--params", default="1e6,1.2e7,1.24e8", show_default=True, callback=csv(_param_count),
-              help="Model sizes (trainable parameters, comma-separated); each runs in its own process.")
+@click.option("--params", default=",".join(map(str, DEFAULT_PARAMS)), show_default=True, callback=csv(_param_count),
+              help="Model sizes (trainable parameters, comma-separated, 124e6 allowed); each runs in its own process.")
 @click.option("--threads", type=click.IntRange(1, 256), default=1, show_default=True,
               help="torch threads of the measuring process (an island process runs with one).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout; details go to stderr.")

@@ -1,0 +1,328 @@
+"""`p2p-diloco bench round`: what one gossip round costs an island beyond its inner steps, by model size.
+
+For each size, one fresh process (so one size's freed memory does not blur the next one's peak)
+builds an island as `p2p-diloco join` has it between two rounds: a GPT, its gradients, its AdamW
+state (one real step on a tiny batch), and a partner whose state a second `SnapshotServer`
+already serves over loopback. Then it runs what the island's round adds to its inner steps, with
+the default `NetworkConfig` (int8) and `DiLoCoConfig`, each piece timed alone:
+
+- `publish_s`: `Publisher.publish()`: finiteness check, int8 encoding, digests, served from now on;
+- `fetch_s`: a `Fetcher`'s fetch of the partner's state: transfer and checks (block digests, finite
+  int8 scales), kept encoded (`decode=False`), as the island's gossip worker (`peers/gossip.py`) does;
+- `mix_s`: `partner_state(...)` and `OuterLoop.mix_arrived(...)`: decoding the partner slice by slice
+  into fp32 and mixing it into the anchor and the running weights;
+- `outer_s`: `OuterLoop.end_round([])`: the outer Nesterov step and loading the new anchor.
+
+Each is the median of `repeat` rounds (re-published and re-fetched every time); `clone_s`, one
+`phi.clone()` of the fp32 anchor (median of 3, a fresh clone each time), is the yardstick: a
+round's overhead is judged in copies of the state.
+
+Memory: the baseline is the RSS with model, gradients, AdamW state and the partner's server in
+place. The kernel's peak counter is reset there (`/proc/self/clear_refs`), then the island's
+`OuterLoop` and server are built and the rounds run; `peak_extra_bytes` is the highest VmHWM
+minus the baseline over all of them. Where clear_refs is refused, a thread samples the RSS every millisecond instead and the
+row says `"peak_method": "sampled"`. The counter is also reset between pieces, so the details
+(stderr) say which piece holds the peak, and the later rounds' peaks show the steady state (from
+the second publish on, the island's server also holds its previous snapshot, `retain_snapshots`).
+
+Model sizes follow GPT-2's proportions (`model_shape`): head size 64 and as many layers as heads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+DEFAULT_PARAMS = (1_000_000, 12_000_000, 124_000_000)
+"""Model sizes measured by default: the tiny demo model's order, 10x that, GPT-2 small."""
+GPT2_VOCAB, GPT2_BLOCK = 50257, 1024
+"""GPT-2's vocabulary and context: with n_embd 768 and 12 layers, its 124M-parameter model exactly."""
+BYTE_BLOCK = 256
+"""Context of the byte-vocabulary models below `GPT2_FROM` (the vocabulary is the 256 byte values)."""
+GPT2_FROM = 50_000_000
+"""From this many parameters up the model uses GPT-2's vocabulary; below it, bytes (a 50257-row
+embedding would otherwise be most of a small model)."""
+ROUND_TOKENS = 15 * 16 * 128
+"""Tokens one default round trains on (H=15 steps of 16 x 128): the partner's and the island's counters."""
+REPEAT = 3
+"""Rounds timed per size (the median of each piece is reported)."""
+FETCH_TIMEOUT_S = 60.0
+"""A benchmark fetch that hears nothing for this long fails."""
+SIZE_RUN_S = 1800.0
+"""Limit of the fresh process that measures one size."""
+TARGET_OVERHEAD_VS_CLONE, TARGET_PEAK_VS_STATE, TARGET_FLATNESS = 12.0, 3.0, 2.0
+"""Targets at the largest size: overhead at most 12 clones of the state, peak extra memory at most
+3 states (anchor, momentum, one partner buffer); and overhead per parameter "roughly flat", read
+as: the largest and smallest ns/param of the sizes measured within a factor of 2."""
+PIECES = ("publish", "fetch", "mix", "outer")
+
+
+def layer_params(n_embd: int) -> int:
+    """Parameters of one `Block` of `p2p_diloco.core.model.GPT`: qkv, proj, fc, proj (no biases), two LayerNorms."""
+    return 12 * n_embd * n_embd + 4 * n_embd
+
+
+def shape_params(shape: dict[str, int]) -> int:
+    """Trainable parameters of `GPT(**shape)` (tied head: the token embedding counts once)."""
+    d = shape["n_embd"]
+    return shape["n_layer"] * layer_params(d) + (shape["vocab_size"] + shape["block_size"] + 2) * d
+
+
+def model_shape(params: int) -> dict[str, int]:
+    """A GPT shape with about `params` trainable parameters, by GPT-2's proportions.
+
+    Rule: the vocabulary is GPT-2's (block 1024) from `GPT2_FROM` parameters up, else bytes
+    (block 256). n_embd is the multiple of 64 whose GPT-2-shaped model (n_head = n_layer =
+    n_embd / 64) is closest to `params` in ratio; n_layer is then the whole number of layers that
+    brings the count closest to `params`. 124M gives GPT-2 small (768 wide, 12 layers, 12 heads).
+    """
+    vocab, block = (GPT2_VOCAB, GPT2_BLOCK) if params >= GPT2_FROM else (256, BYTE_BLOCK)
+
+    def gpt2_like(k: int) -> dict[str, int]:
+        return {"n_layer": k, "n_head": k, "n_embd": 64 * k, "block_size": block, "vocab_size": vocab}
+
+    k = min(range(1, 65), key=lambda k: abs(math.log(shape_params(gpt2_like(k)) / params)))
+    shape = gpt2_like(k)
+    embed = shape_params({**shape, "n_layer": 0})
+    shape["n_layer"] = max(1, round((params - embed) / layer_params(shape["n_embd"])))
+    return shape
+
+
+class PeakMeter:
+    """The process's peak RSS above a baseline, resettable between the pieces of a round.
+
+    Reads the kernel's VmHWM after resetting it through /proc/self/clear_refs; where that write is
+    refused, samples /proc/self/statm every millisecond from a thread (`method` says which).
+    """
+
+    def __init__(self) -> None:
+        self.method = "clear_refs" if self._clear_refs() else "sampled"
+        self.baseline = rss_bytes()
+        self._peak, self._done = self.baseline, threading.Event()
+        if self.method == "sampled":
+            threading.Thread(target=self._sample, name="rss-sampler", daemon=True).start()
+
+    @staticmethod
+    def _clear_refs() -> bool:
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            return True
+        except OSError:
+            return False
+
+    def _sample(self) -> None:
+        while not self._done.is_set():
+            self._peak = max(self._peak, rss_bytes())
+            time.sleep(0.001)
+
+    def take(self) -> int:
+        """Peak bytes above the baseline since the last `take` (or the start); starts a new window."""
+        if self.method == "clear_refs":
+            peak = _status_bytes("VmHWM")
+            self._clear_refs()
+        else:
+            peak, self._peak = max(self._peak, rss_bytes()), rss_bytes()
+        return peak - self.baseline
+
+    def close(self) -> None:
+        self._done.set()
+
+
+def rss_bytes() -> int:
+    """The process's resident set size now."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M).group(1)) * 1024
+
+
+def build_island(shape: dict[str, int]) -> tuple[Any, Any]:
+    """A GPT with gradients and AdamW state, as an island holds them between two inner steps."""
+    import torch
+
+    from p2p_diloco.config import TrainConfig
+    from p2p_diloco.core.inner import make_optimizer
+    from p2p_diloco.core.model import GPT
+
+    torch.manual_seed(0)
+    model = GPT(**shape, dropout=0.0)
+    optimizer = make_optimizer(model, TrainConfig())
+    x = torch.randint(shape["vocab_size"], (1, 33))  # batch 1, block 32
+    _, loss = model(x[:, :-1], x[:, 1:])
+    loss.backward()
+    optimizer.step()  # AdamW's two moments now exist; the gradients stay
+    return model, optimizer
+
+
+def serve_partner(model: Any, network: Any, fp: str) -> Any:
+    """A second server publishing a perturbed copy of the model's weights as the partner's state."""
+    from p2p_diloco.core.params import ParamSlices
+    from p2p_diloco.exchange.server import SnapshotServer
+
+    server = SnapshotServer(config=network)
+    phi = ParamSlices(model).gather().mul_(1.001)
+    server.publish({"phi": phi}, version=0, tokens=ROUND_TOKENS, meta={"peer_id": "partner", "model": fp})
+    return server
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def one_round(outer: Any, publisher: Any, endpoint: str, network: Any, fp: str, meter: PeakMeter) -> dict:
+    """Publish, fetch, mix, outer step, as an island's round does after its inner steps: each
+    piece's seconds and its peak memory above the baseline."""
+    from p2p_diloco.peers.gossip import partner_state
+
+    numel = outer.state.phi.numel()
+    seconds, peaks = {}, {}
+
+    def mark(piece: str, s: float) -> None:
+        seconds[piece], peaks[piece] = s, meter.take()
+
+    mark("publish", _timed(publisher.publish)[1])
+    snap, s = _timed(lambda: fetch_encoded(endpoint, network))
+    mark("fetch", s)
+    weight, s = _timed(lambda: outer.mix_arrived(partner_state(snap, numel, fp)))
+    assert weight > 0, "the partner must be mixed, or mix_s would time nothing"
+    del snap  # mixed: the island keeps nothing of it
+    mark("mix", s)
+    mark("outer", _timed(lambda: outer.end_round([], tokens=ROUND_TOKENS))[1])
+    return {"seconds": seconds, "peaks": peaks}
+
+
+def fetch_encoded(endpoint: str, network: Any) -> Any:
+    """The partner's state over a fresh connection, checked but kept encoded, as the gossip worker fetches it."""
+    from p2p_diloco.exchange.client import Fetcher
+
+    with Fetcher(endpoint, network) as fetcher:
+        return fetcher.fetch(FETCH_TIMEOUT_S, decode=False)
+
+
+def clone_seconds(phi: Any, repeat: int = 3) -> float:
+    """Median seconds of one fresh `phi.clone()` (each clone freed before the next)."""
+    times = []
+    for _ in range(repeat):
+        copy, s = _timed(phi.clone)
+        times.append(s)
+        del copy
+    return statistics.median(times)
+
+
+def measure(params: int, threads: int = 1, repeat: int = REPEAT) -> dict[str, Any]:
+    """One size in this process: the row of the JSON output plus `details` (shape, every round, peaks)."""
+    import torch
+
+    from p2p_diloco.config import DiLoCoConfig, NetworkConfig
+    from p2p_diloco.core.island import OuterLoop
+    from p2p_diloco.core.params import fingerprint
+    from p2p_diloco.exchange.server import SnapshotServer
+    from p2p_diloco.peers.publishing import Publisher
+
+    torch.set_num_threads(threads)
+    network, diloco, shape = NetworkConfig(), DiLoCoConfig(), model_shape(params)
+    model, _optimizer = build_island(shape)  # its state stays alive through the measurement, as an island's
+    fp = fingerprint(model)
+    partner = serve_partner(model, network, fp)
+    gc.collect()
+    meter = PeakMeter()
+    try:
+        outer = OuterLoop("island", model, diloco)
+        server = SnapshotServer(config=network)
+        setup_peak = meter.take()
+        publisher = Publisher(server, outer, diloco, "island", fp)
+        rounds = [one_round(outer, publisher, partner.endpoint, network, fp, meter) for _ in range(repeat)]
+        clone_s = clone_seconds(outer.state.phi)
+        server.close()
+    finally:
+        meter.close()
+        partner.close()
+    n = outer.slices.numel
+    details = {"shape": shape, "threads": threads, "baseline_rss_bytes": meter.baseline,
+               "peaks": {"outer_loop": setup_peak, **rounds[0]["peaks"]}, "rounds": rounds}
+    peak = max([setup_peak, *(v for r in rounds for v in r["peaks"].values())])  # the steady state's rounds too
+    row = _row(n, clone_s, rounds, peak)
+    if meter.method != "clear_refs":
+        row["peak_method"] = meter.method
+    return {**row, "details": details}
+
+
+def _row(params: int, clone_s: float, rounds: list[dict], peak: int) -> dict[str, Any]:
+    """The JSON row: medians of each piece, their sum, and the ratios the targets are stated in."""
+    piece = {p: statistics.median(r["seconds"][p] for r in rounds) for p in PIECES}
+    overhead = piece["publish"] + piece["fetch"] + piece["mix"] + piece["outer"]
+    state = 4 * params
+    return {"params": params, "state_bytes": state, "clone_s": clone_s,
+            **{f"{p}_s": piece[p] for p in PIECES}, "overhead_s": overhead, "peak_extra_bytes": peak,
+            "overhead_per_param_ns": overhead / params * 1e9, "overhead_vs_clone": overhead / clone_s,
+            "peak_extra_vs_state": peak / state}
+
+
+def run_round(params: list[int] | tuple[int, ...] = DEFAULT_PARAMS, threads: int = 1, repeat: int = REPEAT,
+              log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Measure each size in its own fresh process; returns `{"rows": [...]}` (details go to `log`)."""
+    say = log or (lambda msg: None)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    rows = []
+    for n in params:
+        out = subprocess.run([sys.executable, "-m", "p2p_diloco.bench.round", str(n), "--threads", str(threads),
+                              "--repeat", str(repeat)], env=env, capture_output=True, text=True, timeout=SIZE_RUN_S)
+        if out.returncode:
+            raise RuntimeError(f"measuring {n} parameters failed: {out.stderr[-2000:]}")
+        row = json.loads(out.stdout.splitlines()[-1])
+        _say_details(row.pop("details"), row["params"], say)
+        rows.append(row)
+    return {"rows": rows}
+
+
+def _say_details(d: dict, params: int, say: Callable[[str], None]) -> None:
+    mib = 2**20
+    say(f"{params:,} params {d['shape']}, {d['threads']} thread(s), "
+        f"baseline RSS {d['baseline_rss_bytes'] / mib:.0f} MiB")
+    say("  peak above baseline, MiB: " + ", ".join(f"{k} {v / mib:.1f}" for k, v in d["peaks"].items()))
+    for k, r in enumerate(d["rounds"]):
+        say(f"  round {k} s: " + ", ".join(f"{p} {r['seconds'][p]:.4f}" for p in PIECES)
+            + f"; its peak {max(r['peaks'].values()) / mib:.1f} MiB")
+
+
+def targets(rows: list[dict]) -> list[tuple[str, float, float, bool]]:
+    """(what, measured, limit, met) for the targets (module constants), judged at the largest size."""
+    big = max(rows, key=lambda r: r["params"])
+    per_param = [r["overhead_per_param_ns"] for r in rows]
+    flat = max(per_param) / min(per_param)
+    at = f"at {big['params'] / 1e6:.1f}M"
+    return [(f"overhead_s / clone_s {at}", big["overhead_vs_clone"], TARGET_OVERHEAD_VS_CLONE,
+             big["overhead_vs_clone"] <= TARGET_OVERHEAD_VS_CLONE),
+            (f"peak_extra_bytes / state_bytes {at}", big["peak_extra_vs_state"], TARGET_PEAK_VS_STATE,
+             big["peak_extra_vs_state"] <= TARGET_PEAK_VS_STATE),
+            ("max / min overhead_per_param_ns over the sizes", flat, TARGET_FLATNESS, flat <= TARGET_FLATNESS)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m p2p_diloco.bench.round",
+                                description="Measure one size in this process; print its row as JSON.")
+    p.add_argument("params", type=int)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=REPEAT)
+    a = p.parse_args(argv)
+    print(json.dumps(measure(a.params, a.threads, a.repeat)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

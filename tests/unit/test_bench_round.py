@@ -1,0 +1,71 @@
+"""`bench round` at a small size: the row's keys, types and arithmetic, the model-size rule, the CLI's parsing."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from p2p_diloco.bench.round import PeakMeter, model_shape, run_round, shape_params
+from p2p_diloco.cli import main
+
+KEYS = {"params": int, "state_bytes": int, "clone_s": float, "publish_s": float, "fetch_s": float, "mix_s": float,
+        "outer_s": float, "overhead_s": float, "peak_extra_bytes": int, "overhead_per_param_ns": float,
+        "overhead_vs_clone": float, "peak_extra_vs_state": float}
+
+
+@pytest.mark.timeout(60)
+def test_one_small_size_gives_a_consistent_row():
+    out = run_round([200_000])
+    (row,) = out["rows"]
+    assert set(row) - {"peak_method"} == set(KEYS)
+    for key, kind in KEYS.items():
+        assert type(row[key]) is kind, key
+        assert row[key] > 0, key
+    assert row["params"] == shape_params(model_shape(200_000))
+    assert row["state_bytes"] == 4 * row["params"]
+    assert row["overhead_s"] == pytest.approx(row["publish_s"] + row["fetch_s"] + row["mix_s"] + row["outer_s"])
+    assert row["overhead_per_param_ns"] == pytest.approx(row["overhead_s"] / row["params"] * 1e9)
+    assert row["overhead_vs_clone"] == pytest.approx(row["overhead_s"] / row["clone_s"])
+    assert row["peak_extra_vs_state"] == pytest.approx(row["peak_extra_bytes"] / row["state_bytes"])
+    # the island adds at least its anchor and momentum (2 x state) to what it held before the round
+    assert row["peak_extra_bytes"] >= 2 * row["state_bytes"]
+
+
+def test_model_sizes_follow_gpt2_and_are_counted_exactly():
+    from p2p_diloco.core.model import GPT
+
+    assert model_shape(124_000_000) == {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024,
+                                        "vocab_size": 50257}
+    assert shape_params(model_shape(124_000_000)) == 124_356_864  # GPT-2 small with a tied head
+    for n in (100_000, 1_000_000):
+        shape = model_shape(n)
+        assert GPT(**shape).num_params() == shape_params(shape)
+        assert 0.7 < shape_params(shape) / n < 1.3
+
+
+@pytest.mark.parametrize("clear_refs", [True, False], ids=["clear_refs", "sampled"])
+def test_peak_meter_sees_a_freed_allocation(monkeypatch, clear_refs):
+    """Both ways of reading the peak see 64 MiB that were touched and freed before `take`."""
+    import torch
+
+    if not clear_refs:
+        monkeypatch.setattr(PeakMeter, "_clear_refs", staticmethod(lambda: False))
+    meter = PeakMeter()
+    try:
+        assert meter.method == ("clear_refs" if clear_refs else "sampled")
+        x = torch.ones(16 * 2**20)
+        time.sleep(0.02)  # a few samples while it is held
+        del x
+        assert meter.take() >= 60 * 2**20
+        assert meter.take() < 16 * 2**20  # a new window starts at the RSS after the free
+    finally:
+        meter.close()
+
+
+def test_params_accepts_floats_and_refuses_nonsense():
+    runner = CliRunner()
+    bad = runner.invoke(main, ["bench", "round", "--params", "1e6,abc"])
+    assert bad.exit_code == 2 and "comma-separated" in bad.output
+    assert runner.invoke(main, ["bench", "round", "--params", "1.5"]).exit_code == 2  # not a model size
