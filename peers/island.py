@@ -186,7 +186,8 @@ class SwarmIsland(RoundsMixin):
         rnd = self._rnd
         rnd.compute_s += now - self._returned_at
         self.inner_seconds += now - self._returned_at
-        self._loss = (loss.detach() if isinstance(loss, torch.Tensor) else loss) if loss is not None else self._loss
+        if loss is not None:
+            self._loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
         self.outer.round_steps += 1
         rnd.tokens += (self.tokens_per_step if tokens is None else tokens) * self.world
         if now - rnd.last_announce >= ANNOUNCE_EVERY_S:  # keep watchers current mid-round

@@ -83,7 +83,8 @@ class PartnerChooser:
                 if pid in live and len(live - avoid) > 1:
                     avoid.add(pid)
         others = {pid: r for pid, r in members.items()
-                  if pid != self.self_id and pid not in avoid and pid not in self.excluded and r.state in ("training", "syncing") and r.tokens > 0
+                  if pid != self.self_id and pid not in avoid and pid not in self.excluded
+                  and r.state in ("training", "syncing") and r.tokens > 0
                   and r.version >= min_version and self._same_model(pid, r)
                   and own_version - r.version <= self.max_staleness
                   and self.history.get(pid, _PeerHistory()).retry_after <= now}

@@ -73,9 +73,9 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
         stop.island = island
         if stop.signum is not None:
             island.stop()
+        by_time = bool(cfg.max_seconds and not (cfg.max_tokens or cfg.max_rounds))
         with island:
-            train(island, trainer, cfg.max_seconds, size_by_time=bool(cfg.max_seconds and not (cfg.max_tokens or cfg.max_rounds)),
-                  slowdown=cfg.slowdown)
+            train(island, trainer, cfg.max_seconds, size_by_time=by_time, slowdown=cfg.slowdown)
         return stop.exit_code, island.close()
     finally:
         for sig, handler in previous.items():
