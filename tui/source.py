@@ -7,7 +7,8 @@ message from it, so it is safe to call from any thread); `stop()` ends the deliv
   in a child process (`ObserverProcess`: the DHT back-end would load hivemind and with it torch
   into the dashboard) and reads `members()` every `interval` seconds. When no bootstrap answers,
   or a read fails, it delivers a `disconnected` snapshot naming the reason and keeps retrying; it
-  never raises into the app.
+  never raises into the app. A run whose records are sealed with a swarm secret the source was
+  not given reads as `disconnected`, with the reason (`membership.SEALED_HINT`) as the detail.
 - `ReplaySource` plays a fixed list of snapshots, all at once or one per interval: the dashboard of
   a recorded run, and what the snapshot tests render with a frozen clock.
 """
@@ -21,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
-from p2p_diloco.discovery.membership import Membership
+from p2p_diloco.discovery.membership import Membership, sealed_hint
 from p2p_diloco.discovery.observer import ObserverProcess
 from p2p_diloco.discovery.records import IslandRecord
 
@@ -133,6 +134,7 @@ class MembershipSource(Source):
                         break
                 try:
                     records = m.members()
+                    hint = sealed_hint(m, records)
                 except Exception as e:
                     logger.info("dashboard: reading the member list failed: %s", e)
                     send(None, "disconnected", f"reconnecting; {_reason(e)}")
@@ -140,7 +142,10 @@ class MembershipSource(Source):
                     m = self.membership = None
                     self._stop.wait(self.retry)
                     continue
-                send(records, "connected", self.describe(), m.kind)
+                if hint and not records:  # nothing this source can read: say why, like `status` does
+                    send(None, "disconnected", hint, m.kind)
+                else:
+                    send(records, "connected", self.describe(), m.kind)
                 self._stop.wait(self.interval)
         finally:
             if m is not None:

@@ -11,7 +11,7 @@ import click
 
 from p2p_diloco.cli.options import (
     build_configs, device_options, diloco_options, discovery_config, discovery_options, model_options, network_config,
-    network_options, user_errors
+    network_options, swarm_secret, user_errors
 )
 from p2p_diloco.config import DiLoCoConfig, IslandConfig, TrainConfig
 
@@ -54,6 +54,8 @@ I = IslandConfig
 @click.option("--json", "as_json", is_flag=True, help="Print the island's summary as JSON at exit.")
 @click.option("--slowdown", type=click.FloatRange(min=1.0), default=I.slowdown, hidden=True,
               help="Fault injection: run this many times slower than the machine allows.")
+@click.option("--poison", type=click.Choice(["nan", "scale", "random", "other-run"]), default=I.poison, hidden=True,
+              help="Fault injection: a hostile member that publishes poisoned states (a test double).")
 def join(**kw) -> None:
     """Start an island: find the swarm, train rounds, gossip with partners, checkpoint."""
     import torch
@@ -63,8 +65,9 @@ def join(**kw) -> None:
 
     torch.set_num_threads(kw.pop("threads"))
     with user_errors():
+        # one swarm secret seals discovery records and keys the state exchange (docs/SECURITY.md)
         discovery = discovery_config(kw.pop("bootstrap"), kw.pop("run_id"), kw.pop("discovery"),
-                                     host=kw["host"], announce_host=kw["announce_host"])
+                                     host=kw["host"], announce_host=kw["announce_host"], secret=swarm_secret(kw))
         data, vocab_size, as_json = kw.pop("data"), kw.pop("vocab_size"), kw.pop("as_json")
         model, train, diloco = build_configs(kw)
         # an unusable device or precision fails here, in one line, before the swarm starts
@@ -76,7 +79,7 @@ def join(**kw) -> None:
                               port=kw["port"], max_tokens=kw["max_tokens"], max_rounds=kw["max_rounds"],
                               max_seconds=kw["max_seconds"], resume=kw["resume"], eval_every=kw["eval_every"],
                               checkpoint_every=kw["checkpoint_every"], name=kw["name"], quiet=kw["quiet"],
-                              slowdown=kw["slowdown"], wait_for=kw["wait_for"],
+                              slowdown=kw["slowdown"], poison=kw["poison"], wait_for=kw["wait_for"],
                               same_version_wait=kw["same_version_wait"], max_stretch=kw["max_stretch"])
         code, summary = run_island(island, model, train, diloco, network, discovery, data, vocab_size=vocab_size)
     if as_json and summary:  # ranks other than 0 of a torchrun island have no summary

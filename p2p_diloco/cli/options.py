@@ -6,13 +6,18 @@ torch-free config are imported here, so `p2p-diloco --help` stays instant.
 
 `join`, `status` and the dashboard take the same `--bootstrap` (repeatable), `--run-id` and
 `--discovery` (`discovery_options`); the environment variables `P2P_DILOCO_BOOTSTRAP`
-(space-separated), `P2P_DILOCO_RUN_ID` and `P2P_DILOCO_DISCOVERY` apply to all of them.
+(space-separated), `P2P_DILOCO_RUN_ID` and `P2P_DILOCO_DISCOVERY` apply to all of them. They also
+take the swarm secret the same way (`secret_options`: `--secret`, `--secret-file`,
+`P2P_DILOCO_SECRET`, `P2P_DILOCO_SECRET_FILE`); a file or the environment keeps it out of argv,
+which `ps` shows to every user of the machine.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import stat
 from typing import Any, Callable, Iterator
 
 import click
@@ -133,11 +138,64 @@ def network_options(f: Callable) -> Callable:
                      help="Cap on what this island's server sends, Mbit/s.")(f)
     f = click.option("--latency-ms", type=float, default=N.latency_ms, show_default=True, help="Emulated one-way link latency.")(f)
     f = click.option("--bandwidth-mbps", type=float, default=N.bandwidth_mbps, help="Emulated link bandwidth, Mbit/s.")(f)
-    f = click.option("--secret", default=N.secret, envvar="P2P_DILOCO_SECRET",
-                     help="Swarm secret; islands without it can neither fetch nor inject state.")(f)
+    f = secret_options("Swarm secret; islands without it can neither fetch nor inject state, nor see or join the "
+                       "member list.")(f)
     f = click.option("--fetch-timeout", type=float, default=N.fetch_timeout_s, show_default=True,
                      help="Give up on a partner that sends nothing for this many seconds.")(f)
     return f
+
+
+def secret_options(help: str) -> Callable:
+    """`--secret` and `--secret-file` (listed in this order): the swarm secret, or a file holding it."""
+
+    def decorate(f: Callable) -> Callable:
+        f = click.option("--secret-file", type=click.Path(dir_okay=False), default=None, envvar="P2P_DILOCO_SECRET_FILE",
+                         help="File holding the swarm secret (surrounding whitespace stripped): unlike --secret, it "
+                              "stays out of argv, which `ps` shows to every user.")(f)
+        return click.option("--secret", default=N.secret, envvar="P2P_DILOCO_SECRET", help=help)(f)
+
+    return decorate
+
+
+def read_secret_file(path: str) -> str:
+    """The secret in `path`, stripped of surrounding whitespace; a one-line usage error when the file
+    is missing, unreadable or empty, and a one-line warning when group or others may read it."""
+    try:
+        mode = os.stat(path).st_mode
+        with open(path, "rb") as f:
+            secret = f.read(1 << 16).decode().strip()
+    except FileNotFoundError:
+        raise click.BadParameter(f"{path} does not exist", param_hint="--secret-file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise click.BadParameter(f"cannot read {path}: {getattr(e, 'strerror', None) or e}",
+                                 param_hint="--secret-file") from None
+    if not secret:
+        raise click.BadParameter(f"{path} is empty", param_hint="--secret-file")
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        click.echo(f"Warning: the secret file {path} is accessible to group or others (mode {stat.S_IMODE(mode):o}); "
+                   f"chmod 600 it", err=True)
+    return secret
+
+
+def resolve_secret(secret: str | None, secret_file: str | None) -> str | None:
+    """The swarm secret from `--secret` or `--secret-file`. Both given at the same level (both flags,
+    or both variables) is a usage error; otherwise the flag beats the environment variable."""
+    if secret is None or secret_file is None:
+        return read_secret_file(secret_file) if secret_file is not None else secret
+    ctx = click.get_current_context(silent=True)
+    sources = [ctx.get_parameter_source(name) if ctx else None for name in ("secret", "secret_file")]
+    if None in sources or sources[0] == sources[1]:
+        raise click.UsageError("--secret and --secret-file (or P2P_DILOCO_SECRET and P2P_DILOCO_SECRET_FILE) are "
+                               "both given; pass one")
+    return secret if sources[0].value < sources[1].value else read_secret_file(secret_file)
+
+
+def swarm_secret(kw: dict) -> str | None:
+    """The swarm secret of parsed `secret_options` (`resolve_secret`), for the state exchange and
+    discovery alike: resolved once, then kept in `kw["secret"]` (`--secret-file` is popped)."""
+    if "secret_file" in kw:
+        kw["secret"] = resolve_secret(kw.get("secret"), kw.pop("secret_file"))
+    return kw.get("secret")
 
 
 def build_configs(kw: dict) -> tuple[ModelConfig, TrainConfig, DiLoCoConfig]:
@@ -156,6 +214,7 @@ def build_configs(kw: dict) -> tuple[ModelConfig, TrainConfig, DiLoCoConfig]:
 
 def network_config(kw: dict) -> NetworkConfig:
     """A validated `NetworkConfig` from the `network_options` (pops what it uses)."""
+    swarm_secret(kw)
     return NetworkConfig(compression=kw.pop("compression"), max_upload_mbps=kw.pop("max_upload_mbps"),
                          latency_ms=kw.pop("latency_ms"), bandwidth_mbps=kw.pop("bandwidth_mbps"),
                          secret=kw.pop("secret"), fetch_timeout_s=kw.pop("fetch_timeout"))

@@ -1,4 +1,8 @@
-"""`p2p-diloco status` and `p2p-diloco dashboard`: read a run's member list, once or live."""
+"""`p2p-diloco status` and `p2p-diloco dashboard`: read a run's member list, once or live.
+
+A run with a swarm secret seals its records: both commands take the secret like `join` does
+(`--secret`, `--secret-file`, `P2P_DILOCO_SECRET`) and, without it, show no islands and say why.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +12,16 @@ import time
 
 import click
 
-from p2p_diloco.cli.options import discovery_config, discovery_options
+from p2p_diloco.cli.options import discovery_config, discovery_options, resolve_secret, secret_options
 from p2p_diloco.config import DiscoveryConfig
+from p2p_diloco.discovery.membership import sealed_hint
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.errors import P2PDiLoCoError
 
 
 DASHBOARD_CONNECT_S = 5.0
 """How long the dashboard waits for a bootstrap node before it shows `disconnected` and retries."""
+WATCH_SECRET_HELP = "Swarm secret of the run: needed to read its records when they are sealed."
 
 
 @click.command()
@@ -23,16 +29,21 @@ DASHBOARD_CONNECT_S = 5.0
 @click.option("--json", "as_json", is_flag=True, help="Print {run_id, islands, discovery} as JSON.")
 @click.option("--timeout", type=float, default=DiscoveryConfig.connect_timeout, show_default=True,
               help="Seconds to wait for a bootstrap node.")
-def status(bootstrap, run_id, discovery, as_json, timeout):
+@secret_options(WATCH_SECRET_HELP)
+def status(bootstrap, run_id, discovery, as_json, timeout, secret, secret_file):
     """Show the live islands of a run."""
     from p2p_diloco.discovery import open_membership
 
-    config = discovery_config(bootstrap, run_id, discovery, connect_timeout=timeout)
+    config = discovery_config(bootstrap, run_id, discovery, connect_timeout=timeout,
+                              secret=resolve_secret(secret, secret_file))
     try:
         with open_membership(config, observer=True) as membership:
             records, kind = membership.refresh(timeout), membership.kind
+            hint = sealed_hint(membership, records)
     except P2PDiLoCoError as e:
         raise click.ClickException(str(e)) from e
+    if hint:
+        click.echo(hint, err=True)
     if as_json:
         islands = [r.to_dict() for r in sorted(records.values(), key=lambda r: r.peer_id)]
         click.echo(json.dumps({"run_id": run_id, "islands": islands, "discovery": kind}))
@@ -48,14 +59,16 @@ def status(bootstrap, run_id, discovery, as_json, timeout):
               help="Seconds between reads of the member list.")
 @click.option("--expiry", type=click.FloatRange(1, 3600), default=DiscoveryConfig.expiry, show_default=True,
               help="Record lifetime the islands use (a record gone after this long silent counts as expired).")
-def dashboard(bootstrap, run_id, discovery, refresh, expiry):
+@secret_options(WATCH_SECRET_HELP)
+def dashboard(bootstrap, run_id, discovery, refresh, expiry, secret, secret_file):
     """Watch a run live: islands, staleness, throughput, loss, links and events (q quits, ? helps)."""
     from p2p_diloco.tui import MembershipSource, run_dashboard, should_use_dashboard
 
     if not should_use_dashboard(environ={}):
         raise click.ClickException("the dashboard needs a terminal; `p2p-diloco status` prints the islands once")
     config = discovery_config(bootstrap, run_id, discovery, poll=min(refresh, expiry), expiry=expiry,
-                              refresh=min(DiscoveryConfig.refresh, expiry / 2), connect_timeout=DASHBOARD_CONNECT_S)
+                              refresh=min(DiscoveryConfig.refresh, expiry / 2), connect_timeout=DASHBOARD_CONNECT_S,
+                              secret=resolve_secret(secret, secret_file))
     sys.exit(run_dashboard(MembershipSource(config)))
 
 

@@ -2,8 +2,9 @@
 
 Two back-ends keep one run's member list: the hivemind DHT (`dht`, the default) and, where the
 libp2p daemon cannot run, a ZeroMQ rendezvous with peer exchange (`rendezvous`, `peer_exchange`).
-Both implement `membership.Membership` and carry `records.IslandRecord`; `observer` watches a run
-from a child process, so a reader that must stay light (the dashboard) never loads hivemind.
+Both implement `membership.Membership` and carry `records.IslandRecord`, sealed with the swarm
+secret when there is one (`sealing`); `observer` watches a run from a child process, so a reader
+that must stay light (the dashboard) never loads hivemind.
 
 This module is the factory: it picks a back-end for a `DiscoveryConfig` and imports it only then,
 so importing anything under `p2p_diloco.discovery` costs no hivemind, torch or zmq. The back-ends

@@ -14,6 +14,10 @@ every node that knows the run:
 
 A bootstrap node does not know which runs will use it, so it checks signatures only; readers
 re-validate whatever they fetch, and drop a node's copy that holds anything malformed.
+
+With a swarm secret the value is `{"sealed": BLOB}` (`sealing`): nodes check its shape only, and
+readers open it, then check it as above, dropping (and counting) one entry that does not open,
+never a node's whole copy. hivemind's internals are reached only through `hivemind_compat`.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ from typing import Any
 
 import hivemind
 from hivemind.dht.crypto import RSASignatureValidator
-from hivemind.dht.protocol import DHTProtocol
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.p2p import P2P, PeerID
@@ -40,8 +43,10 @@ from hivemind.utils.multiaddr import Multiaddr
 
 from p2p_diloco import addresses
 from p2p_diloco.config import DiscoveryConfig
+from p2p_diloco.discovery import hivemind_compat as compat
 from p2p_diloco.discovery.membership import BackgroundMembership
 from p2p_diloco.discovery.records import IslandRecord, fingerprint
+from p2p_diloco.discovery.sealing import HIDDEN, RecordSeal, SealRefused, check_sealed, is_sealed
 from p2p_diloco.errors import DiscoveryError
 
 logger = logging.getLogger(__name__)
@@ -72,8 +77,9 @@ class IslandRecordValidator(RecordValidatorBase):
     """hivemind's record check for one run's key, by the record's own validator.
 
     Under `islands_key(run_id)` a node accepts only dictionary entries whose subkey carries an
-    owner key (so `RSASignatureValidator` applies) and whose value is a tombstone or a record that
-    `IslandRecord.from_dict` accepts, with the `peer_id` that is the subkey's fingerprint. Other
+    owner key (so `RSASignatureValidator` applies) and whose value is a tombstone, a record that
+    `IslandRecord.from_dict` accepts, with the `peer_id` that is the subkey's fingerprint, or a
+    sealed record of bounded size (opened, and checked so, by readers that hold the secret). Other
     keys pass: a node of this run shares the DHT with other runs. Runs after the signature check
     (priority 0, below its 10), so it sees the value with the signature stripped.
     """
@@ -84,14 +90,17 @@ class IslandRecordValidator(RecordValidatorBase):
     def validate(self, record: DHTRecord) -> bool:
         if record.key != self._key:
             return True
-        if record.subkey in DHTProtocol.RESERVED_SUBKEYS:
+        if record.subkey in compat.reserved_subkeys():
             return False  # a plain value where the run keeps a dictionary of records
         try:
-            subkey = DHTProtocol.serializer.loads(record.subkey)
-            value = DHTProtocol.serializer.loads(record.value)
+            subkey = compat.serializer().loads(record.subkey)
+            value = compat.serializer().loads(record.value)
             if not (isinstance(subkey, bytes) and _OWNER_KEY_RE.search(subkey)):
                 return False
-            owned_record(subkey, value)
+            if is_sealed(value):
+                check_sealed(value)  # a node need not hold the secret: the shape is all it can check
+            else:
+                owned_record(subkey, value)
             return True
         except (DiscoveryError, TypeError, ValueError) as e:
             logger.debug("refused a record under the run's key: %s", e)
@@ -110,7 +119,7 @@ def owned_record(subkey: Any, value: Any) -> IslandRecord | None:
     return record
 
 
-_OWNER_KEY_RE = re.compile(RSASignatureValidator.PUBLIC_KEY_REGEX)
+_OWNER_KEY_RE = re.compile(compat.owner_key_pattern())
 
 
 def make_validators(run_id: str, private_key: RSAPrivateKey | None = None) -> list:
@@ -135,8 +144,24 @@ def start_dht(*, initial_peers: list[str], host: str, port: int, timeout: float,
             kwargs["host_maddrs"] = [_host_maddr(host, port)]
         kwargs["announce_maddrs"] = [_host_maddr(announce_host, port)]
     dht = hivemind.DHT(initial_peers=initial_peers or None, start=False, record_validators=validators or (), **kwargs)
+    # The terminal's Ctrl+C reaches the whole foreground process group; the DHT process must not
+    # die of it, since its owner may still need it to withdraw its record (the owner stops it with
+    # `shutdown()`). hivemind ignores SIGINT in the process only once its loop runs, so it is also
+    # ignored while the process is forked, which it inherits (only the main thread may set
+    # handlers). SIGHUP stays: after a hangup an owner that does not handle it dies at once, and a
+    # DHT process that survived it would run on forever. p2pd, which the DHT process starts once
+    # hivemind ignores SIGINT, inherits that, but may turn SIGINT back on: this does not decide it.
+    import signal  # local: the only place in this module that deals with signals
+
+    shield = threading.current_thread() is threading.main_thread()
     try:
-        dht.run_in_background(await_ready=True, timeout=timeout)
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if shield else None
+        try:
+            dht.start()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        dht.wait_until_ready(timeout)
     except FutureTimeout as e:
         dht.shutdown()
         raise DiscoveryError(f"no bootstrap node answered within {timeout:g} s (tried {', '.join(initial_peers)})") from e
@@ -145,6 +170,9 @@ def start_dht(*, initial_peers: list[str], host: str, port: int, timeout: float,
         if any(marker in str(e) for marker in _UNREACHABLE_MARKERS):
             raise DiscoveryError(f"none of the bootstrap nodes answered (tried {', '.join(initial_peers)}): {e}") from e
         raise DaemonUnavailable(f"{type(e).__name__}: {str(e).strip()[:300]}") from e
+    except BaseException:  # a signal or a crash while it starts: the process must not outlive its owner
+        dht.shutdown()
+        raise
     return dht
 
 
@@ -159,20 +187,17 @@ async def _reconnect(_dht: hivemind.DHT, node: Any, maddrs: list[str]) -> int:
     found = 0
     for maddr in maddrs:
         peer_id = PeerID.from_base58(Multiaddr(maddr)["p2p"])
-        if await node.protocol.call_ping(peer_id) is None:
-            try:  # the old connection may be stale: dial the known address, then try once more
-                await node.p2p._client.connect(peer_id, [dial_address(maddr)])
-            except Exception as e:
-                logger.debug("bootstrap %s unreachable: %s", maddr, e)
-                continue
-            if await node.protocol.call_ping(peer_id) is None:
+        if not await compat.ping(node, peer_id):
+            # the old connection may be stale: dial the known address, then try once more
+            if not await compat.dial(node, peer_id, [dial_address(maddr)]) or not await compat.ping(node, peer_id):
+                logger.debug("bootstrap %s unreachable", maddr)
                 continue
         found += 1
     return found
 
 
 async def _routing_peers(_dht: hivemind.DHT, node: Any) -> list[str]:
-    return sorted(str(p) for p in node.protocol.routing_table.uid_to_peer_id.values())
+    return sorted(str(p) for p in compat.routing_table_peers(node))
 
 
 def routing_peers(dht: hivemind.DHT) -> list[str]:
@@ -202,8 +227,10 @@ class DhtMembership(BackgroundMembership):
     kind = "dht"
 
     def __init__(self, config: DiscoveryConfig, *, observer: bool = False) -> None:
+        compat.check()
         super().__init__(config, observer)
         self._key = islands_key(config.run_id)
+        self._seal = RecordSeal(config.secret, config.run_id, self.kind, observer)
         private_key = RSAPrivateKey()
         validators = make_validators(config.run_id, private_key)
         self._subkey = validators[1].local_public_key
@@ -219,8 +246,9 @@ class DhtMembership(BackgroundMembership):
         self._visible_maddrs = [str(m) for m in self.dht.get_visible_maddrs()]
         self._wake = threading.Event()
         self._full_requested = False
-        self._entries: dict[bytes, tuple[IslandRecord | None, float]] = {}
-        """subkey -> (record or tombstone, expiration), the newest seen."""
+        self._entries: dict[bytes, tuple[Any, float]] = {}
+        """subkey -> (record, None for a tombstone or `HIDDEN` for a sealed record we cannot open,
+        expiration), the newest seen."""
         self._start("dht-membership")
         logger.info("joined run %r over the DHT as %s (observer=%s)", config.run_id, self._peer_id, observer)
 
@@ -234,7 +262,15 @@ class DhtMembership(BackgroundMembership):
 
     def _live_records(self) -> dict[str, IslandRecord]:
         now = get_dht_time()
-        return {rec.peer_id: rec for rec, exp in self._entries.values() if rec is not None and exp > now}
+        return {rec.peer_id: rec for rec, exp in self._entries.values() if isinstance(rec, IslandRecord) and exp > now}
+
+    def sealed_hidden(self) -> int:
+        now = get_dht_time()
+        with self._lock:
+            return sum(1 for rec, exp in self._entries.values() if rec is HIDDEN and exp > now)
+
+    def refused_records(self) -> int:
+        return self._seal.refused
 
     def _kick(self) -> None:
         self._wake.set()
@@ -254,17 +290,20 @@ class DhtMembership(BackgroundMembership):
         future.add_done_callback(lambda _f: self._wake.set())
         return future
 
-    def _store(self, value: dict | None) -> Any:
+    def _store(self, value: Any) -> Any:
         exp = get_dht_time() + self.config.expiry
         return self._issue(self.dht.store(self._key, value, exp, subkey=self._subkey, return_future=True))
 
     def _merge(self, found: Any) -> None:
         """Fold one read into the view: the newest entry per subkey wins; then drop what expired."""
-        fresh: dict[bytes, tuple[IslandRecord | None, float]] = {}
+        fresh: dict[bytes, tuple[Any, float]] = {}
         if found is not None and isinstance(found.value, dict):
             for subkey, item in found.value.items():
                 try:
-                    fresh[subkey] = (owned_record(subkey, item.value), item.expiration_time)
+                    value = self._seal.unwrap(item.value)
+                    fresh[subkey] = (value if value is HIDDEN else owned_record(subkey, value), item.expiration_time)
+                except SealRefused:
+                    continue  # counted and logged (now and then) by the seal
                 except (DiscoveryError, TypeError) as e:
                     logger.info("ignoring an island record: %s", e)
         now = get_dht_time()
@@ -300,7 +339,7 @@ class DhtMembership(BackgroundMembership):
                     (dirty and now - last_store >= MIN_STORE_GAP) or now - last_store >= cfg.refresh):
                 with self._lock:
                     self._dirty = False
-                store, last_store = self._store(record.to_dict()), now
+                store, last_store = self._store(self._seal.wrap(record.to_dict())), now
             if self._maddrs and now - last_reconnect >= cfg.refresh and (reconnect is None or reconnect.done()):
                 reconnect = self._issue(self.dht.run_coroutine(_reconnect_with(self._maddrs), return_future=True))
                 last_reconnect = now

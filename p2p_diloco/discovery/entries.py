@@ -11,11 +11,19 @@ is the key's fingerprint, so whoever relays an entry cannot alter it, forge one 
 or withdraw another peer (a tombstone is signed too). Entries carry an absolute expiry (unix time,
 like hivemind's `get_dht_time`), so clocks must agree to well within `expiry`.
 
+Under a swarm secret the body's record is sealed (`sealing`): `[run_id, peer_id, None, expires,
+{"sealed": BLOB}]`, where BLOB holds `{"px": ..., "record": ...}`, so the peer-exchange endpoint is
+hidden too. A table without the secret (the rendezvous, an island of a run without one) keeps and
+relays such an entry, checking its shape only; a table with it (`MemberTable(run_id, seal)`) opens
+it and drops, quietly but counted, what does not open. Tombstones stay unsealed: they carry no
+endpoint, and only the key that signed an entry can withdraw it.
+
 Every message is msgpack, at most `MAX_MESSAGE_BYTES`, with a protocol version; garbage is answered
 with an error, logged with its reason, and the server keeps serving. No sockets here.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
@@ -29,6 +37,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from p2p_diloco.discovery.records import ENDPOINT_RE, PEER_ID_RE, IslandRecord, fingerprint
+from p2p_diloco.discovery.sealing import MAX_SEALED_BYTES, RecordSeal, SealRefused, check_sealed, is_sealed
 from p2p_diloco.errors import DiscoveryError
 
 logger = logging.getLogger(__name__)
@@ -80,7 +89,8 @@ class SigningKey:
 
 @dataclass(frozen=True)
 class Entry:
-    """One signed membership entry: a live record, or a tombstone (`record is None`)."""
+    """One signed membership entry: a live record, a sealed one (`sealed`: its blob; `record` and
+    `px` stay None until a table with the secret opens it), or a tombstone (neither)."""
 
     run_id: str
     peer_id: str
@@ -91,9 +101,22 @@ class Entry:
     body: bytes
     key: bytes
     sig: bytes
+    sealed: bytes | None = None
+    """The sealed blob of the record (None for a plain record or a tombstone)."""
+
+    @property
+    def is_tombstone(self) -> bool:
+        return self.record is None and self.sealed is None
 
     @classmethod
-    def make(cls, key: SigningKey, run_id: str, px: str | None, expires: float, record: IslandRecord | None) -> Entry:
+    def make(cls, key: SigningKey, run_id: str, px: str | None, expires: float, record: IslandRecord | None,
+             seal: RecordSeal | None = None) -> Entry:
+        """The own entry, signed; with a sealing `seal`, a live record travels sealed with its `px`."""
+        if record is not None and seal is not None and seal.sealing:
+            value = seal.wrap({"px": px, "record": record.to_dict()})
+            body = msgpack.packb([run_id, key.peer_id, None, float(expires), value], use_bin_type=True)
+            return cls(run_id, key.peer_id, px, float(expires), record, body, key.public, key.sign(body),
+                       check_sealed(value))
         body = msgpack.packb([run_id, key.peer_id, px, float(expires), record.to_dict() if record else None], use_bin_type=True)
         return cls(run_id, key.peer_id, px, float(expires), record, body, key.public, key.sign(body))
 
@@ -109,7 +132,8 @@ class Entry:
         if not (isinstance(body, bytes) and isinstance(key, bytes) and len(key) == 32 and isinstance(sig, bytes) and len(sig) == 64):
             raise ValueError("entry needs a body, a 32-byte key and a 64-byte signature")
         try:
-            fields = msgpack.unpackb(body, raw=False, max_str_len=1024, max_bin_len=0, max_array_len=8, max_map_len=32)
+            fields = msgpack.unpackb(body, raw=False, max_str_len=1024, max_bin_len=MAX_SEALED_BYTES, max_array_len=8,
+                                     max_map_len=32)
         except Exception as e:
             raise ValueError(f"entry body is not msgpack: {e}") from e
         if not (isinstance(fields, list) and len(fields) == 5):
@@ -123,15 +147,42 @@ class Entry:
             raise ValueError("entry px must be None or tcp://host:port")
         if not (isinstance(expires, float) and math.isfinite(expires) and expires <= now + MAX_EXPIRY):
             raise ValueError(f"entry expiry {expires!r} is not a time within {MAX_EXPIRY:g} s from now")
-        rec = None
-        if record is not None:
+        rec = sealed = None
+        if is_sealed(record):
+            try:
+                sealed = check_sealed(record)
+            except DiscoveryError as e:
+                raise ValueError(str(e)) from e
+            if px is not None:
+                raise ValueError("a sealed entry carries its px inside the seal")
+        elif record is not None:
             try:
                 rec = IslandRecord.from_dict(record)
             except DiscoveryError as e:
                 raise ValueError(str(e)) from e
             if rec.peer_id != peer_id:
                 raise ValueError("record peer_id differs from the entry's")
-        return cls(run_id, peer_id, px, expires, rec, body, key, sig)
+        return cls(run_id, peer_id, px, expires, rec, body, key, sig, sealed)
+
+    def opened(self, seal: RecordSeal) -> Entry:
+        """This entry as a member with `seal` reads it: a sealed record opened (with its px) when
+        the seal holds the secret. `SealRefused` (counted by the seal) for a sealed entry that does
+        not open, or a plain record in a sealed run; `ValueError` for an opened payload that is bad."""
+        if not seal.sealing or self.is_tombstone:
+            return self
+        payload = seal.unwrap({"sealed": self.sealed} if self.sealed is not None else self.record.to_dict())
+        if not (isinstance(payload, dict) and set(payload) == {"px", "record"}):
+            raise ValueError("a sealed entry must hold {px, record}")
+        px = payload["px"]
+        if px is not None and not (isinstance(px, str) and ENDPOINT_RE.match(px)):
+            raise ValueError("entry px must be None or tcp://host:port")
+        try:
+            rec = IslandRecord.from_dict(payload["record"])
+        except DiscoveryError as e:
+            raise ValueError(str(e)) from e
+        if rec.peer_id != self.peer_id:
+            raise ValueError("record peer_id differs from the entry's")
+        return dataclasses.replace(self, px=px, record=rec)
 
     def verify(self) -> None:
         try:
@@ -141,10 +192,15 @@ class Entry:
 
 
 class MemberTable:
-    """The newest entry per peer id of one run; tombstones hide a peer until they expire."""
+    """The newest entry per peer id of one run; tombstones hide a peer until they expire.
 
-    def __init__(self, run_id: str) -> None:
+    With a `seal` (an island's table), sealed entries are opened as they are merged, and what the
+    seal refuses is neither kept nor relayed; without one (the rendezvous) they are kept as they are.
+    """
+
+    def __init__(self, run_id: str, seal: RecordSeal | None = None) -> None:
         self.run_id = run_id
+        self.seal = seal
         self.entries: dict[str, Entry] = {}
 
     def merge(self, raws: list[Any], now: float) -> tuple[list[Entry], list[str]]:
@@ -160,7 +216,11 @@ class MemberTable:
                     continue  # not newer: no need to check its signature
                 if known is None and len(self.entries) >= MAX_MEMBERS:
                     raise ValueError(f"run {self.run_id!r} already has {MAX_MEMBERS} members")
+                if self.seal is not None:
+                    entry = entry.opened(self.seal)
                 entry.verify()
+            except SealRefused:
+                continue  # counted, and logged now and then, by the seal: an outsider may send it every poll
             except (ValueError, DiscoveryError, TypeError) as e:
                 refused.append(str(e)[:200])
                 continue
@@ -183,6 +243,14 @@ class MemberTable:
 
     def records(self, now: float) -> dict[str, IslandRecord]:
         return {e.peer_id: e.record for e in self.entries.values() if e.expires > now and e.record is not None}
+
+    def present(self, now: float) -> set[str]:
+        """Peer ids with a live record, sealed ones included (what the rendezvous can tell)."""
+        return {e.peer_id for e in self.entries.values() if e.expires > now and not e.is_tombstone}
+
+    def hidden(self, now: float) -> int:
+        """Live sealed entries that this table could not open (it holds no secret)."""
+        return sum(1 for e in self.entries.values() if e.expires > now and e.sealed is not None and e.record is None)
 
 
 def pick_entries(entries: list[Entry], first: str | None = None) -> list[dict[str, bytes]]:

@@ -25,6 +25,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+SEALED_HINT = "records are sealed with a swarm secret; pass --secret or --secret-file"
+"""What `status` and the dashboard say when a run's records are sealed and they hold no secret."""
+REFUSED_HINT = "records did not open with the given secret; is it this run's secret?"
+"""What they say when records were there but none opened with the secret they were given."""
+
 
 class Membership(abc.ABC):
     """The live member list of one run, behind a synchronous facade.
@@ -61,6 +66,16 @@ class Membership(abc.ABC):
     def shutdown(self) -> None:
         """Stop the background work and release sockets and processes (idempotent)."""
 
+    def sealed_hidden(self) -> int:
+        """Live records this member sees but cannot read: sealed with a swarm secret it was not
+        given (`p2p_diloco.discovery.sealing`). Always 0 for a member that holds a secret."""
+        return 0
+
+    def refused_records(self) -> int:
+        """Records dropped since the start because they did not open with this member's secret (or
+        arrived unsealed in a run with one): an outsider's, another run's, or tampered with."""
+        return 0
+
     def _check_own(self, record: IslandRecord) -> None:
         if not isinstance(record, IslandRecord):
             raise TypeError(f"announce() takes an IslandRecord, got {type(record).__name__}")
@@ -72,6 +87,15 @@ class Membership(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def sealed_hint(membership: Membership, records: dict[str, IslandRecord]) -> str:
+    """The one line that says why a reader misses islands of a run whose records are sealed:
+    `SEALED_HINT` when it holds no secret and some records are sealed, `REFUSED_HINT` when it sees
+    nobody and records did not open with its secret; "" otherwise."""
+    if membership.sealed_hidden():
+        return SEALED_HINT
+    return REFUSED_HINT if not records and membership.refused_records() else ""
 
 
 class BackgroundMembership(Membership):

@@ -10,13 +10,18 @@ The two talk in JSON lines. Child to parent, on stdout:
 
 - `{"type": "ready", "kind": "dht"|"zmq", "peer_id": str}` once the observer is open;
 - `{"type": "error", "message": str}` if it could not be opened (the child then exits);
-- `{"type": "members", "answered": int, "records": [IslandRecord.to_dict(), ...]}` after each
-  read: every `poll` seconds, and at once after a `refresh` request; `answered` counts the
-  requests whose read this list includes.
+- `{"type": "members", "answered": int, "records": [IslandRecord.to_dict(), ...], "hidden": int,
+  "refused": int}` after each read: every `poll` seconds, and at once after a `refresh` request;
+  `answered` counts the requests whose read this list includes; `hidden` and `refused` are the
+  observer's `sealed_hidden()` and `refused_records()` (sealed records it cannot read or open).
 
-Parent to child, on stdin: `refresh` (read the swarm now). The child exits when its stdin closes,
-so it never outlives its parent. Every record is checked again here (`IslandRecord.from_dict`);
-the child's log lines are passed on to this process's log.
+Parent to child, on stdin: first the config, as one line of JSON (not in argv: it may hold the swarm
+secret, and argv is visible to every user in `ps`), then `refresh` (read the swarm now). The child
+exits when its stdin closes, so it never outlives its parent, however the parent ends. It runs in
+its own session, so the terminal's Ctrl+C and hangup reach only the parent, which decides when it
+ends; one that does not leave in time is killed with its process group (its DHT process and p2pd
+too). Every record is checked again here (`IslandRecord.from_dict`); the child's log lines are
+passed on to this process's log.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -52,11 +59,17 @@ class ObserverProcess(Membership):
         self._cond = threading.Condition()
         self._records: dict[str, IslandRecord] = {}
         self._asked = self._answered = 0
+        self._hidden = self._refused = 0
         self._hello: dict[str, Any] | None = None
         self._closed = False
-        args = json.dumps({**dataclasses.asdict(config), "bootstrap": list(config.bootstrap)})
-        self._proc = subprocess.Popen([sys.executable, "-m", __name__, args], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+        self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+                                      start_new_session=True)
+        try:
+            self._proc.stdin.write(json.dumps({**dataclasses.asdict(config), "bootstrap": list(config.bootstrap)}) + "\n")
+            self._proc.stdin.flush()
+        except OSError:
+            pass  # the child died at once: the reader below reports its exit
         threading.Thread(target=self._read, name="observer-out", daemon=True).start()
         threading.Thread(target=self._relay_log, name="observer-log", daemon=True).start()
         with self._cond:
@@ -93,6 +106,14 @@ class ObserverProcess(Membership):
             self._cond.wait_for(lambda: self._answered >= target or self._proc.poll() is not None, timeout)
         return self.members()
 
+    def sealed_hidden(self) -> int:
+        with self._cond:
+            return self._hidden
+
+    def refused_records(self) -> int:
+        with self._cond:
+            return self._refused
+
     def leave(self) -> None:
         """An observer has no record to withdraw."""
 
@@ -109,7 +130,10 @@ class ObserverProcess(Membership):
             self._proc.wait(EXIT_S)
         except subprocess.TimeoutExpired:
             logger.info("the observer process did not leave within %.0f s; killing it", EXIT_S)
-            self._proc.kill()
+            try:
+                os.killpg(self._proc.pid, signal.SIGKILL)  # its DHT process and p2pd go with it
+            except ProcessLookupError:
+                pass
             self._proc.wait()
 
     def _read(self) -> None:
@@ -118,8 +142,10 @@ class ObserverProcess(Membership):
                 msg = json.loads(line)
                 if msg.get("type") == "members":
                     records = {r.peer_id: r for r in map(IslandRecord.from_dict, msg["records"])}
+                    hidden, refused = int(msg.get("hidden", 0)), int(msg.get("refused", 0))
                     with self._cond:
                         self._records, self._answered = records, int(msg["answered"])
+                        self._hidden, self._refused = hidden, refused
                         self._cond.notify_all()
                 elif msg.get("type") in ("ready", "error"):
                     with self._cond:
@@ -158,12 +184,13 @@ def _serve(config: DiscoveryConfig) -> int:
         requests.put(None)
 
     threading.Thread(target=read_stdin, name="observer-requests", daemon=True).start()
-    emit({"type": "ready", "kind": membership.kind, "peer_id": membership.peer_id})
     answered = 0
-    with membership:
+    with membership:  # stopped however this ends, a parent gone (BrokenPipeError) included
+        emit({"type": "ready", "kind": membership.kind, "peer_id": membership.peer_id})
         while True:
             records = membership.members()
-            emit({"type": "members", "answered": answered, "records": [r.to_dict() for r in records.values()]})
+            emit({"type": "members", "answered": answered, "records": [r.to_dict() for r in records.values()],
+                  "hidden": membership.sealed_hidden(), "refused": membership.refused_records()})
             try:
                 request = requests.get(timeout=config.poll)
             except queue.Empty:
@@ -176,9 +203,12 @@ def _serve(config: DiscoveryConfig) -> int:
     return 0
 
 
-def main(argv: list[str]) -> int:
+def main() -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
-    fields = json.loads(argv[0])
+    line = sys.stdin.readline()
+    if not line:
+        return 0  # the parent is gone before it sent the config
+    fields = json.loads(line)
     try:
         return _serve(DiscoveryConfig(**{**fields, "bootstrap": tuple(fields["bootstrap"])}))
     except BrokenPipeError:  # the parent is gone
@@ -186,4 +216,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -9,9 +9,10 @@
   merges the table it gets back. A dead bootstrap is retried every `refresh` seconds, and because
   islands sync with each other, they keep seeing each other without it.
 
-The own entry is re-signed every `refresh` seconds with an expiry `expiry` seconds ahead; a clean
-leave pushes a signed tombstone to every known endpoint at once. Like `rendezvous`, this module
-opens its own small sockets because discovery has to work before, and without, the state exchange.
+The own entry is re-signed every `refresh` seconds with an expiry `expiry` seconds ahead (and, with
+a swarm secret, sealed: `entries`, `sealing`); a clean leave pushes a signed tombstone to every
+known endpoint at once. Like `rendezvous`, this module opens its own small sockets because
+discovery has to work before, and without, the state exchange.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from p2p_diloco.discovery.entries import (
 )
 from p2p_diloco.discovery.membership import BackgroundMembership
 from p2p_diloco.discovery.records import IslandRecord
+from p2p_diloco.discovery.sealing import RecordSeal
 from p2p_diloco.discovery.router import SOCKET_SLACK_BYTES, answer_one, bind_router
 from p2p_diloco.errors import DiscoveryError
 
@@ -56,7 +58,8 @@ class ZmqMembership(BackgroundMembership):
         self._bootstraps = addresses.rendezvous_endpoints(config.bootstrap)
         if observer and not self._bootstraps:
             raise DiscoveryError("watching a run needs at least one bootstrap address")
-        self._table = MemberTable(config.run_id)
+        self._seal = RecordSeal(config.secret, config.run_id, self.kind, observer)
+        self._table = MemberTable(config.run_id, self._seal)
         self._ctx = zmq.Context()
         self._poller = zmq.Poller()
         self._dealers: dict[str, zmq.Socket] = {}
@@ -90,6 +93,13 @@ class ZmqMembership(BackgroundMembership):
 
     def _live_records(self) -> dict[str, IslandRecord]:
         return self._table.records(time.time())
+
+    def sealed_hidden(self) -> int:
+        with self._lock:
+            return self._table.hidden(time.time())
+
+    def refused_records(self) -> int:
+        return self._seal.refused
 
     def _announced(self, first: bool) -> None:
         self._sync_requested |= first  # spread a new member's entry at once
@@ -137,7 +147,7 @@ class ZmqMembership(BackgroundMembership):
             if record is not None and not self._left and (dirty or now - last_sign >= cfg.refresh):
                 with self._lock:
                     self._dirty = False
-                self._put(Entry.make(self._key, cfg.run_id, self.px, time.time() + cfg.expiry, record))
+                self._put(Entry.make(self._key, cfg.run_id, self.px, time.time() + cfg.expiry, record, self._seal))
                 last_sign = now
             if wanted or now - last_sync >= cfg.poll:
                 due = [ep for ep in self._bootstraps if now >= retry_at[ep]]

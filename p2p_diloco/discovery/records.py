@@ -32,7 +32,7 @@ MODEL_RE = re.compile(r"^([0-9a-f]{16})?$")
 FINGERPRINT_CHARS = 20
 """Hex digits of sha256 kept in a peer id (80 bits)."""
 
-_INT_FIELDS = ("version", "tokens", "bytes_sent", "bytes_received")
+_INT_FIELDS = ("version", "tokens", "bytes_sent", "bytes_received", "refused")
 _FLOAT_FIELDS = ("tokens_per_s", "upload_bps", "download_bps", "started_at", "published_at", "timestamp")
 _OPTIONAL_FLOAT_FIELDS = ("loss", "eval_loss")
 
@@ -76,6 +76,11 @@ class IslandRecord:
     bytes_received: int = 0
     last_partner: str | None = None
     """Peer id of the island last mixed with."""
+    refused: int = 0
+    """Partner states this island refused before mixing (implausible, another model or run); the
+    dashboard shows each new refusal as an event."""
+    last_refused: str | None = None
+    """Peer id of the partner whose state was refused last."""
     started_at: float = 0.0
     """Unix time the island started."""
     published_at: float = 0.0
@@ -110,8 +115,10 @@ class IslandRecord:
             raise _bad("state", f"one of {STATES}", self.state)
         if not (isinstance(self.model, str) and MODEL_RE.match(self.model)):
             raise _bad("model", "16 lowercase hex digits or empty", self.model)
-        if self.last_partner is not None and not (isinstance(self.last_partner, str) and PEER_ID_RE.match(self.last_partner)):
-            raise _bad("last_partner", "None or a peer id", self.last_partner)
+        for name in ("last_partner", "last_refused"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, str) and PEER_ID_RE.match(v)):
+                raise _bad(name, "None or a peer id", v)
 
     def to_dict(self) -> dict[str, Any]:
         """All fields, always (the DHT schema refuses a record with a field missing)."""

@@ -3,7 +3,8 @@
 Islands that cannot use the DHT register and heartbeat here (`peer_exchange.ZmqMembership`
 syncs with it every `poll` seconds); it keeps one `MemberTable` of signed entries per run and
 answers every sync with the table. It decides nothing and stores no training state: islands
-keep meeting each other through peer exchange without it.
+keep meeting each other through peer exchange without it. It holds no swarm secret: a sealed run's
+entries are kept and served as they are (signatures and shapes checked), never read.
 """
 
 from __future__ import annotations
@@ -76,12 +77,14 @@ class RendezvousServer:
             if len(self.tables) >= MAX_RUNS:
                 raise ValueError(f"this rendezvous already serves {MAX_RUNS} runs")
             table = self.tables[run] = MemberTable(run)
-        before = set(table.records(time.time()))
+        before = table.present(time.time())
         reply, changed = answer_sync(table, msg, self.node_id)
-        for pid in sorted(set(table.records(time.time())) - before):
-            logger.info("rendezvous: island %s joined run %r at %s", pid, run, table.entries[pid].record.endpoint)
+        for pid in sorted(table.present(time.time()) - before):
+            record = table.entries[pid].record
+            logger.info("rendezvous: island %s joined run %r at %s", pid, run,
+                        record.endpoint if record is not None else "a sealed address")
         for e in changed:
-            if e.record is None:
+            if e.is_tombstone:
                 logger.info("rendezvous: island %s left run %r", e.peer_id, e.run_id)
         return reply
 
@@ -89,7 +92,7 @@ class RendezvousServer:
         now = time.time()
         for run, table in list(self.tables.items()):
             for e in table.prune(now):
-                if e.record is not None:
+                if not e.is_tombstone:
                     logger.info("rendezvous: island %s of run %r expired", e.peer_id, run)
             if not table.entries:
                 del self.tables[run]

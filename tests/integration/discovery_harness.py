@@ -7,6 +7,7 @@ test can wait for a view and measure, from the members' own timestamps, how long
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -36,13 +37,14 @@ def wait_until(cond, timeout: float, what: str, step: float = 0.05):
 
 class Member:
     def __init__(self, procs, tmp: Path, index: int, bootstrap: list[str], discovery: str, run_id: str,
-                 expiry: float, refresh: float, poll: float, endpoint_port: int) -> None:
+                 expiry: float, refresh: float, poll: float, endpoint_port: int, secret: str | None = None) -> None:
         args = [MEMBER, "--run-id", run_id, "--discovery", discovery, "--expiry", str(expiry), "--refresh", str(refresh),
                 "--poll", str(poll), "--endpoint-port", str(endpoint_port), "--bump", "2"]
         for b in bootstrap:
             args += ["--bootstrap", b]
         self.log = tmp / f"member{index}.log"
-        self.proc = procs.python(*args, stdout=subprocess.PIPE, stderr=open(self.log, "w"), text=True)
+        env = {"P2P_DILOCO_SECRET": secret or ""}  # never the test runner's own secret
+        self.proc = procs.python(*args, stdout=subprocess.PIPE, stderr=open(self.log, "w"), text=True, env=env)
         self.index = index
         self.events: list[dict] = []
         self._lock = threading.Lock()
@@ -60,6 +62,10 @@ class Member:
     def first(self, event: str, pred=lambda e: True) -> dict | None:
         with self._lock:
             return next((e for e in self.events if e["event"] == event and pred(e)), None)
+
+    def views(self) -> list[set[str]]:
+        with self._lock:
+            return [set(e["peers"]) for e in self.events if e["event"] == "view"]
 
     def last_view(self) -> set[str] | None:
         with self._lock:
@@ -116,14 +122,18 @@ class Bootstrap:
         return self.proc.wait(timeout)
 
 
-def status(bootstrap: list[str], run_id: str, discovery: str, timeout: float = 10.0, as_json: bool = True):
+def status(bootstrap: list[str], run_id: str, discovery: str, timeout: float = 10.0, as_json: bool = True,
+           secret_file: Path | None = None):
     args = [sys.executable, "-m", "p2p_diloco", "status", "--run-id", run_id, "--discovery", discovery, "--timeout", str(timeout)]
     for b in bootstrap:
         args += ["--bootstrap", b]
     if as_json:
         args.append("--json")
+    if secret_file is not None:
+        args += ["--secret-file", str(secret_file)]
     t0 = time.monotonic()
-    out = subprocess.run(args, capture_output=True, text=True, timeout=timeout + 30)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("P2P_DILOCO_SECRET")}
+    out = subprocess.run(args, capture_output=True, text=True, timeout=timeout + 30, env=env)
     return out, time.monotonic() - t0
 
 
@@ -285,3 +295,59 @@ def assert_runs_isolated(a, b, c, recs: dict) -> None:
     assert set(a.refresh()) == set(b.refresh()) == {a.peer_id, b.peer_id}
     assert set(c.refresh()) == {c.peer_id}
     assert a.members()[b.peer_id] == recs[b.peer_id]
+
+
+SECRET = "correct horse battery staple"
+
+
+def run_sealed(procs, tmp: Path, kind: str, entry: list[str], *, run_id: str = "sealed", expiry: float = 6.0,
+               refresh: float = 1.0, poll: float = 0.25) -> dict:
+    """Discovery under a swarm secret, the scenario both back-ends must pass; returns figures (seconds).
+
+    Two members hold the secret; two outsiders announce records through the same bootstrap node:
+    one holds no secret (its record is plain), one holds another (its record is sealed, but does not
+    open). The members see exactly each other and drop both outsiders' records (and count them);
+    neither outsider ever lists a member; `status` without the secret lists nobody and says why,
+    with it (from a file) it lists the two members.
+    """
+    t0 = time.time()
+    honest = [Member(procs, tmp, 100 + i, entry, kind, run_id, expiry, refresh, poll, 21000 + i, secret=SECRET)
+              for i in range(2)]
+    outsiders = [Member(procs, tmp, 102, entry, kind, run_id, expiry, refresh, poll, 21002, secret=None),
+                 Member(procs, tmp, 103, entry, kind, run_id, expiry, refresh, poll, 21003, secret="a wrong guess")]
+    everyone = honest + outsiders
+    wait_until(lambda: all(m.first("ready") or m.proc.poll() is not None for m in everyone), 120, "members to start")
+    for m in everyone:
+        assert m.first("ready"), f"member {m.index} died:\n{m.log.read_text()[-3000:]}"
+    ids = {m.peer_id for m in honest}
+    wait_until(lambda: all(m.view_since(0, lambda v: v == ids) for m in honest), 30, "the members to see each other")
+    figures = {"meet_s": max(m.view_since(0, lambda v: v == ids)["t"] for m in honest) - t0}
+    # every member dropped an outsider's record, each outsider saw sealed records it cannot use
+    wait_until(lambda: all(m.first("sealed", lambda e: e["refused"] > 0) for m in honest), 20,
+               "the members to drop an outsider's record")
+    wait_until(lambda: outsiders[0].first("sealed", lambda e: e["hidden"] > 0), 20, "the outsider to see sealed records")
+    wait_until(lambda: outsiders[1].first("sealed", lambda e: e["refused"] > 0), 20,
+               "the wrong-secret outsider to drop records")
+    time.sleep(4 * poll)  # a few more reads, in which an outsider's record would have shown up
+    for m in honest:
+        assert all(v <= ids for v in m.views()), f"an outsider reached member {m.index}: {m.views()}"
+        assert m.last_view() == ids
+    for m in outsiders:
+        assert all(v <= {m.peer_id} for v in m.views()), f"outsider {m.index} listed a member: {m.views()}"
+    figures["dropped_s"] = time.time() - t0
+
+    secret_file = tmp / "swarm.secret"
+    secret_file.write_text(SECRET + "\n")
+    secret_file.chmod(0o600)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # both at once: each one starts a DHT node
+        blind = pool.submit(status, entry, run_id, kind)
+        seeing = pool.submit(status, entry, run_id, kind, secret_file=secret_file)
+        (out, figures["status_plain_s"]), (out_secret, figures["status_secret_s"]) = blind.result(), seeing.result()
+    assert out.returncode == 0, out.stderr  # sees the plain outsider at most
+    assert {r["peer_id"] for r in json.loads(out.stdout)["islands"]} <= {outsiders[0].peer_id}
+    assert out.stderr.strip().splitlines()[-1] == "records are sealed with a swarm secret; pass --secret or --secret-file"
+    out = out_secret
+    assert out.returncode == 0, out.stderr
+    assert {r["peer_id"] for r in json.loads(out.stdout)["islands"]} == ids
+    assert "Warning" not in out.stderr
+    return figures

@@ -6,8 +6,10 @@ object per line on stdout:
     {"event": "ready", "t": ..., "peer_id": ..., "kind": "dht"|"zmq"}   after its first announce
     {"event": "view", "t": ..., "peers": [...]}     whenever the set of visible peer ids changes
     {"event": "left", "t": ...}                     after a clean leave (on SIGTERM)
+    {"event": "sealed", "t": ..., "hidden": n, "refused": n}   when either count becomes non-zero
 
-`t` is unix time, so the test can measure how long joins and departures take to be seen.
+`t` is unix time, so the test can measure how long joins and departures take to be seen. The swarm
+secret, if any, comes from the environment (`P2P_DILOCO_SECRET`), as a careful user would pass it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -45,7 +48,8 @@ def main() -> int:
 
     started = time.time()
     config = DiscoveryConfig(run_id=args.run_id, bootstrap=tuple(args.bootstrap), discovery=args.discovery,
-                             expiry=args.expiry, refresh=args.refresh, poll=args.poll, connect_timeout=20.0)
+                             expiry=args.expiry, refresh=args.refresh, poll=args.poll, connect_timeout=20.0,
+                             secret=os.environ.get("P2P_DILOCO_SECRET") or None)
     membership = open_membership(config)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # after open: a forked DHT process keeps the default
@@ -55,6 +59,7 @@ def main() -> int:
     membership.announce(record)
     emit("ready", peer_id=membership.peer_id, kind=membership.kind)
     seen: list[str] | None = None
+    counts = (False, False)
     last_bump = time.monotonic()
     while not stop.wait(0.05):
         if time.monotonic() - last_bump >= args.bump:
@@ -65,6 +70,10 @@ def main() -> int:
         if peers != seen:
             emit("view", peers=peers)
             seen = peers
+        hidden, refused = membership.sealed_hidden(), membership.refused_records()
+        if (hidden > 0, refused > 0) != counts:
+            counts = (hidden > 0, refused > 0)
+            emit("sealed", hidden=hidden, refused=refused)
     membership.leave()
     emit("left")
     membership.shutdown()

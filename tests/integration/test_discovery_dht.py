@@ -14,7 +14,8 @@ from functools import partial
 
 import pytest
 from discovery_harness import (
-    Bootstrap, announce, assert_runs_isolated, assert_swarm_figures, free_port_pair, run_swarm, two_runs, wait_until
+    Bootstrap, announce, assert_runs_isolated, assert_swarm_figures, free_port_pair, run_sealed, run_swarm, two_runs,
+    wait_until
 )
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.routing import DHTID
@@ -25,7 +26,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from p2p_diloco.bootstrap import BootstrapNode
 
 from p2p_diloco.config import DiscoveryConfig
-from p2p_diloco.discovery import dht, open_membership
+from p2p_diloco.discovery import dht, hivemind_compat, open_membership
 from p2p_diloco.discovery.records import IslandRecord, fingerprint
 from p2p_diloco.errors import DiscoveryError
 
@@ -68,7 +69,7 @@ async def _store_at(_dht, node, target: str, maddrs: list[str], key: str, subkey
     key_id = DHTID.generate(source=key)
     rec = DHTRecord(key_id.to_bytes(), MSGPackSerializer.dumps(subkey), MSGPackSerializer.dumps(value), expiration)
     peer = PeerID.from_base58(target)
-    await node.p2p._client.connect(peer, [dht.dial_address(m) for m in maddrs])
+    assert await hivemind_compat.dial(node, peer, [dht.dial_address(m) for m in maddrs])
     ok = await node.protocol.call_store(peer, [key_id], [signer.sign_value(rec)], [expiration], subkeys=[subkey])
     return None if ok is None else list(ok)  # a protobuf field does not cross the process boundary
 
@@ -113,6 +114,15 @@ def test_forged_and_malformed_records_are_refused(swarm):
             watcher.shutdown()
     finally:
         mallory.shutdown()
+
+
+@pytest.mark.timeout(150)
+def test_sealed_records_keep_outsiders_out_over_the_dht(swarm, procs, tmp_path):
+    """Under a swarm secret, outsiders reach no member's list and list no member; the bootstrap
+    node, which holds no secret, stores the sealed records all the same."""
+    boot = swarm[0]
+    figures = run_sealed(procs, tmp_path, "dht", boot.multiaddrs[:1])
+    print("sealed dht figures:", figures)
 
 
 @pytest.mark.timeout(90)

@@ -10,11 +10,15 @@ import time
 import msgpack
 import pytest
 import zmq
-from discovery_harness import assert_runs_isolated, assert_swarm_figures, free_port_pair, run_swarm, two_runs
+from discovery_harness import (
+    SECRET, assert_runs_isolated, assert_swarm_figures, free_port_pair, run_sealed, run_swarm, two_runs
+)
 
 from p2p_diloco.config import DiscoveryConfig
 from p2p_diloco.discovery import open_membership
 from p2p_diloco.discovery.entries import MAX_MESSAGE_BYTES, Entry, SigningKey
+from p2p_diloco.discovery.membership import SEALED_HINT, sealed_hint
+from p2p_diloco.discovery.observer import ObserverProcess
 from p2p_diloco.discovery.rendezvous import RendezvousServer
 
 
@@ -23,6 +27,30 @@ def test_swarm_of_eight_over_zmq(procs, tmp_path):
     figures = run_swarm(procs, tmp_path, "zmq")
     print("zmq figures:", figures)
     assert_swarm_figures(figures)
+
+
+@pytest.mark.timeout(120)
+def test_sealed_records_keep_outsiders_out_over_zmq(procs, tmp_path):
+    """Under a swarm secret, outsiders reach no member's list and list no member (the rendezvous,
+    which holds no secret, keeps and serves every entry as it is)."""
+    server = RendezvousServer("127.0.0.1", 0, "test-node").start()
+    try:
+        figures = run_sealed(procs, tmp_path, "zmq", [server.address])
+        print("sealed zmq figures:", figures)
+        entries = server.tables["sealed"].entries.values()
+        assert sum(e.sealed is not None for e in entries) == 3  # two members and the wrong-secret outsider
+        assert all(e.record is None for e in entries if e.sealed is not None)  # it could read none of them
+        # the dashboard's reader: hands the secret to its child on stdin, never in argv (`ps` shows argv)
+        cfg = dict(run_id="sealed", bootstrap=(server.address,), discovery="zmq", poll=0.25)
+        with ObserverProcess(DiscoveryConfig(**cfg, secret=SECRET)) as watcher:
+            assert not any(SECRET in arg for arg in watcher._proc.args)
+            assert len(watcher.refresh()) == 2 and watcher.sealed_hidden() == 0
+        with ObserverProcess(DiscoveryConfig(**cfg)) as blind:
+            records = blind.refresh()
+            assert blind.sealed_hidden() == 3 and len(records) <= 1  # at most the outsider's plain record
+            assert sealed_hint(blind, records) == SEALED_HINT
+    finally:
+        server.close()
 
 
 @pytest.fixture

@@ -101,3 +101,30 @@ def test_a_node_that_does_not_know_the_run_still_checks_signatures(keys):
     assert accepted(off_schema, run="another-run")
     assert not accepted(off_schema)  # every member of the run refuses it, and readers re-check
     assert not accepted(make_record(mallory, good_value(honest), owner_subkey(honest)), run="another-run")
+
+
+# -- sealed records (a run with a swarm secret): nodes check the shape, readers open --------------
+
+def test_a_sealed_record_is_accepted_by_nodes_without_the_secret(keys):
+    from p2p_diloco.discovery.sealing import Sealer
+
+    honest, _ = keys
+    sealed = Sealer("swarm secret", RUN, "dht").seal(good_value(honest))
+    assert accepted(make_record(honest, sealed, owner_subkey(honest)))
+    assert accepted(make_record(honest, {"sealed": b"\x01" + b"x" * 60}, owner_subkey(honest)))  # opened by readers
+
+
+@pytest.mark.parametrize("value", [
+    {"sealed": b"x" * 4000}, {"sealed": b"x"}, {"sealed": "not bytes"}, {"sealed": b"x" * 64, "endpoint": "tcp://a:1"},
+])
+def test_a_sealed_record_off_its_shape_is_refused(keys, value):
+    honest, _ = keys
+    assert not accepted(make_record(honest, value, owner_subkey(honest)))
+
+
+def test_a_sealed_record_still_needs_its_owners_signature(keys):
+    from p2p_diloco.discovery.sealing import Sealer
+
+    honest, mallory = keys
+    sealed = Sealer("swarm secret", RUN, "dht").seal(good_value(honest))
+    assert not accepted(make_record(mallory, sealed, owner_subkey(honest)))
