@@ -7,7 +7,8 @@ It runs two listeners, both optional to the islands:
 - the ZeroMQ rendezvous of the discovery fallback at `tcp://H:P+1` (or `--rendezvous-port`).
 
 It stores no training state and makes no decisions; islands keep meeting each other without it.
-It logs the DHT peers and rendezvous islands it sees come and go.
+It logs the DHT peers and rendezvous islands it sees come and go. It needs no swarm secret: it
+stores and serves a sealed run's records without being able to read them (docs/SECURITY.md).
 """
 
 from __future__ import annotations
@@ -55,12 +56,22 @@ class BootstrapNode:
         return f"tcp://{f'[{host}]' if ':' in host else host}:{self.rendezvous.port}"
 
     def start(self) -> list[str]:
-        from p2p_diloco.discovery import dht
+        """Start the DHT node and the rendezvous; returns `addresses`. Whatever fails or interrupts
+        it half-way, what had started is stopped again before the exception leaves."""
+        try:
+            return self._start()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start(self) -> list[str]:
+        from p2p_diloco.discovery import dht, hivemind_compat
         from p2p_diloco.discovery.rendezvous import RendezvousServer
 
         fresh = not self.identity.exists()
         dht_port = self.port
         if self.discovery in ("auto", "dht"):
+            hivemind_compat.check()
             try:
                 self.dht = dht.start_dht(
                     initial_peers=[], host=self.host, port=self.port, timeout=self.start_timeout,
@@ -98,14 +109,19 @@ class BootstrapNode:
 
     def run_until(self, stop: threading.Event) -> None:
         """Log peers coming and going until `stop` is set."""
-        from p2p_diloco.discovery import dht
+        from p2p_diloco.discovery import dht, hivemind_compat
 
         known: set[str] = set()
+        watching = True
         while not stop.wait(WATCH_INTERVAL):
-            if self.dht is None:
+            if self.dht is None or not watching:
                 continue
             try:
                 now = set(dht.routing_peers(self.dht))
+            except hivemind_compat.HivemindIncompatible as e:  # the DHT serves on; only the log of peers stops
+                logger.warning("no longer logging DHT peers: %s", e)
+                watching = False
+                continue
             except Exception as e:  # the DHT process died: say so once and keep the rendezvous up
                 logger.error("the DHT node stopped answering (%s: %s); the rendezvous keeps serving", type(e).__name__, e)
                 self.dht = None

@@ -6,6 +6,10 @@ when a terminal is attached, else the islands' progress lines), then summarises:
 eval loss against its loss at start, bytes moved, optionally the data-parallel baseline at the
 same tokens (`--compare`, computed in-process by the simulator's `dp` method), and a text sample
 from the trained model.
+
+However the demo ends (its islands done, Ctrl+C, SIGTERM, SIGHUP from a closed terminal, the
+dashboard quit, an exception), `Swarm.stop()` ends every process it started: the children run in
+sessions of their own, so no terminal signal reaches them, and nothing but the demo stops them.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from p2p_diloco.config import DiLoCoConfig, NetworkConfig
 
@@ -58,6 +64,38 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "p2p_diloco", *args]
 
 
+TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""What ends the demo from outside: Ctrl+C, `kill`, a closed terminal."""
+
+
+def _exit_on_signal(signum, _frame) -> None:
+    """The first of `TERMINAL_SIGNALS` ends the demo through `finally` (SIGINT as Ctrl+C always
+    did); the later ones are ignored, so that they cannot cut the stopping of the children short."""
+    for sig in TERMINAL_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def _signals(handler) -> Iterator[None]:
+    """`TERMINAL_SIGNALS` go to `handler` inside the block, except one ignored on entry: `nohup`
+    keeps the demo running after a hangup, a shell's background job is deaf to Ctrl+C. Only the
+    main thread can set handlers; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    taken = [sig for sig in TERMINAL_SIGNALS if signal.getsignal(sig) != signal.SIG_IGN]
+    previous = {sig: signal.signal(sig, handler) for sig in taken}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            if old is not None:  # None: set outside Python, and it cannot be put back
+                signal.signal(sig, old)
+
+
 class Swarm:
     """A bootstrap node and islands as child processes, each in its own session; `stop()` reaps them all."""
 
@@ -65,10 +103,12 @@ class Swarm:
         self.workdir = workdir
         self.procs: list[subprocess.Popen] = []
         self.bootstrap_addr: list[str] = []
+        self._files: list = []
 
     def _spawn(self, args: list[str], log_name: str, stdout=None) -> subprocess.Popen:
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         err = open(self.workdir / log_name, "w")
+        self._files += [err] + ([stdout] if stdout else [])
         p = subprocess.Popen(args, stdout=stdout or err, stderr=err, env=env, start_new_session=True)
         self.procs.append(p)
         return p
@@ -95,21 +135,26 @@ class Swarm:
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM each process itself (not its group: an island's libp2p daemon must outlive it long
-        enough to withdraw its record), then SIGKILL whatever group is left after `grace`."""
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for p in self.procs:
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                os.killpg(p.pid, signal.SIGKILL)  # the process's helpers (libp2p daemon) go with it
-            except ProcessLookupError:
-                pass
-            p.wait()
+        enough to withdraw its record), then SIGKILL each one's whole group (what is left of it after
+        `grace`: its DHT process and libp2p daemon too) and reap it. Signals that come meanwhile are
+        ignored, so that a second Ctrl+C cannot leave a process behind; this takes at most `grace`."""
+        with _signals(signal.SIG_IGN):
+            for p in self.procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            for p in self.procs:
+                try:
+                    p.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+            for f in self._files:
+                f.close()
 
 
 def _follow(paths: list[Path], stop: threading.Event, out=sys.stderr) -> None:
@@ -141,19 +186,21 @@ def run_swarm(cfg: DemoConfig) -> tuple[Path, list[str], list[dict]]:
     if cfg.bandwidth_mbps:
         args += ["--bandwidth-mbps", str(cfg.bandwidth_mbps)]
     stop_follow = threading.Event()
-    try:
-        swarm.start_bootstrap()
-        islands = [swarm.start_island(n, args) for n in names]
-        if cfg.dashboard:
-            _dashboard_until_done(swarm, cfg, islands)
-        else:
-            threading.Thread(target=_follow, args=([workdir / f"{n}.log" for n in names], stop_follow), daemon=True).start()
-        limit = cfg.minutes * 60 + 120 if not cfg.max_tokens else None  # plus start-up, checkpoint and evaluation
-        for p in islands:
-            p.wait(timeout=limit)
-    finally:
-        stop_follow.set()
-        swarm.stop()
+    with _signals(_exit_on_signal):  # SIGTERM and SIGHUP end the demo as Ctrl+C does: through `finally`
+        try:
+            swarm.start_bootstrap()
+            islands = [swarm.start_island(n, args) for n in names]
+            if cfg.dashboard:
+                _dashboard_until_done(swarm, cfg, islands)
+            else:
+                threading.Thread(target=_follow, args=([workdir / f"{n}.log" for n in names], stop_follow),
+                                 daemon=True).start()
+            limit = cfg.minutes * 60 + 120 if not cfg.max_tokens else None  # plus start-up, checkpoint and evaluation
+            for p in islands:
+                p.wait(timeout=limit)
+        finally:
+            stop_follow.set()
+            swarm.stop()
     summaries = []
     for n in names:
         text = (workdir / f"{n}.json").read_text().strip()
@@ -225,9 +272,11 @@ def _dashboard_until_done(swarm: Swarm, cfg: DemoConfig, islands: list[subproces
     threading.Thread(target=watch, daemon=True).start()
     source = MembershipSource(DiscoveryConfig(run_id=cfg.run_id, bootstrap=tuple(swarm.bootstrap_addr)))
     code = run_dashboard(source, stop_event=done)
+    if code == 130:
+        raise KeyboardInterrupt
+    if code > 128:  # SIGTERM or SIGHUP while it showed: the demo ends as on Ctrl+C
+        raise SystemExit(code)
     if not done.is_set():  # the user quit: islands checkpoint and report as on Ctrl+C
         for p in islands:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-    if code == 130:
-        raise KeyboardInterrupt

@@ -3,13 +3,16 @@
 `run_island` builds what the CLI trains (the project's GPT on the device asked for, DDP-wrapped
 under torchrun, the inner loop and its data) and hands model and optimizer to the public API
 (`peers.api` / `peers.island`): rank 0 of a torchrun group, or a plain process, is a
-`SwarmIsland`; the other ranks are `RankFollower`s. SIGINT and SIGTERM ask the island to stop: the
-round ends at the next step, a checkpoint is written, the record removed, exit code 130 / 143.
+`SwarmIsland`; the other ranks are `RankFollower`s. SIGINT, SIGTERM and SIGHUP (a closed terminal)
+ask the island to stop: the round ends at the next step, a checkpoint is written, the record
+removed, exit code 130 / 143 / 129. However the loop ends, even by an exception before it began,
+the island is closed, which stops its DHT process and with it the libp2p daemon.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import signal
 
 import torch
@@ -22,18 +25,40 @@ from p2p_diloco.core.model import build_model
 from p2p_diloco.peers.distributed import IntraIsland, RankFollower
 from p2p_diloco.peers.island import SwarmIsland
 from p2p_diloco.peers.runner import Trainer, train
+from p2p_diloco.tui.launch import leave_terminal
 
 EVAL_BATCH_SIZE = 16
 
 
 class _StopFlag:
-    """Routes SIGINT / SIGTERM to the island's `stop()` and remembers which came (the exit code)."""
+    """Routes SIGINT / SIGTERM / SIGHUP to the island's `stop()` and remembers which came (the exit code).
+
+    The DHT process, forked once this handler is installed, inherits it. There (another pid) a
+    signal does what it would have done without the handler, so that `DHT.shutdown`, which ends
+    a process that does not leave in time with SIGTERM, still can. The handler only takes note, so
+    it is installed with SA_RESTART: a system call it interrupted resumes. Without, a signal while
+    torch starts its shared-memory manager (hivemind's DHT makes it do so) made torch spin forever
+    on the interrupted read.
+    """
+
+    @staticmethod
+    def signals() -> list[int]:
+        """SIGINT, SIGTERM, and SIGHUP unless it is ignored (`nohup`: the island outlives its terminal)."""
+        hangup = [signal.SIGHUP] if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN else []
+        return [signal.SIGINT, signal.SIGTERM, *hangup]
 
     def __init__(self) -> None:
         self.signum: int | None = None
         self.island = None
+        self.pid = os.getpid()
 
     def __call__(self, signum, _frame) -> None:
+        if os.getpid() != self.pid:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        if signum == signal.SIGHUP:
+            leave_terminal()
         self.signum = signum
         if self.island is not None:
             self.island.stop()
@@ -50,7 +75,10 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
     device = resolve_device(train_cfg.device)
     group = IntraIsland.init_from_env(device)
     stop = _StopFlag()
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, stop) for sig in stop.signals()}
+    for sig in previous:  # SA_RESTART: torch spins forever on a read a signal interrupts (see `_StopFlag`)
+        signal.siginterrupt(sig, False)
+    island = None
     try:
         corpus = load_corpus(data, vocab_size)
         block = model_cfg.resolved()["block_size"]
@@ -78,6 +106,8 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
             train(island, trainer, cfg.max_seconds, size_by_time=by_time, slowdown=cfg.slowdown)
         return stop.exit_code, island.close()
     finally:
+        if isinstance(island, SwarmIsland):  # idempotent; covers a failure before `with` too
+            island.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if group is not None:

@@ -4,12 +4,19 @@
 terminal, log lines on stderr would tear its screen apart, so the root logger's terminal handlers
 are set aside and warnings go to the event log instead; they are put back when the app exits.
 `stop_event` lets a caller (the demo, when its islands are done) close the dashboard from outside.
+SIGTERM and SIGHUP (a closed terminal) close it the same way, so that the source, and with it the
+observer process, is stopped before the process ends; `run_app` then returns 128 + the signal.
+After a hangup the terminal's file descriptors are pointed at /dev/null first: Textual writes to
+the terminal as it exits, and its writer thread dies on the first write that fails, after which
+the app blocks for good on its full output queue.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
+import stat
 import sys
 import threading
 from typing import IO, Mapping
@@ -54,6 +61,22 @@ class _ToApp(logging.Handler):
             self.handleError(record)
 
 
+def leave_terminal() -> None:
+    """After a hangup, point stdout and stderr, when they are a (closed) terminal, at /dev/null:
+    every write to a closed terminal fails, and a last line must not turn a clean exit into a crash
+    (the dashboard's, or an island's progress line: `peers/process.py`)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            try:
+                if stat.S_ISCHR(os.fstat(fd).st_mode):
+                    os.dup2(null, fd)
+            except OSError:
+                pass
+    finally:
+        os.close(null)
+
+
 def _terminal_handlers(root: logging.Logger) -> list[logging.Handler]:
     out = []
     for h in root.handlers:
@@ -81,21 +104,32 @@ def run_app(app, stop_event: threading.Event | None = None) -> int:
         root.removeHandler(h)
     root.addHandler(bridge)
     done = threading.Event()
+    received: list[int] = []
 
-    def watch() -> None:
-        while not done.is_set():
-            if stop_event.wait(0.2):
+    def on_signal(signum, _frame) -> None:  # noted: the thread below asks the app to leave
+        if signum == signal.SIGHUP:
+            leave_terminal()
+        received.append(signum)
+
+    def watch() -> None:  # asks again until the app is gone: a message posted before it runs is lost
+        while not done.wait(0.2):
+            if received or (stop_event is not None and stop_event.is_set()):
                 app.post_message(StopRequested())
-                return
 
-    if stop_event is not None:
-        threading.Thread(target=watch, name="dashboard-stop", daemon=True).start()
+    threading.Thread(target=watch, name="dashboard-stop", daemon=True).start()
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        taken = [sig for sig in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(sig) != signal.SIG_IGN]
+        previous = {sig: signal.signal(sig, on_signal) for sig in taken}
     try:
         app.run()
     finally:
+        for sig, handler in previous.items():
+            if handler is not None:  # None: set outside Python, and it cannot be put back
+                signal.signal(sig, handler)
         done.set()
         root.removeHandler(bridge)
         for h in moved:
             root.addHandler(h)
         app.source.stop()
-    return app.return_code or 0
+    return 128 + received[0] if received else app.return_code or 0

@@ -33,27 +33,47 @@ def bootstrap(host, port, identity, addr_file, rendezvous_port, announce_host, d
     try:
         node = BootstrapNode(host=host, port=port, identity=identity, rendezvous_port=rendezvous_port,
                              discovery=discovery, announce_host=announce_host)
-        addrs = node.start()
     except P2PDiLoCoError as e:
         raise click.ClickException(str(e)) from e
     stop, received = threading.Event(), []
+    owner = os.getpid()
 
-    def on_signal(signum, _frame):  # installed after start(): the forked DHT process keeps default handlers
+    def on_signal(signum, _frame):
+        if os.getpid() != owner:  # the forked DHT process inherited this: there, act as without it
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         received.append(signum)
         stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    # Installed before start(): a signal while the DHT node starts stops it once it is up. With
+    # SA_RESTART (`siginterrupt(False)`): torch spins forever on a read that a signal interrupts
+    # while it starts its shared-memory manager, which hivemind's DHT makes it do. A SIGHUP ignored
+    # on entry (`nohup`) stays ignored: the node then outlives its terminal.
+    hangup = [signal.SIGHUP] if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN else []
+    for sig in (signal.SIGINT, signal.SIGTERM, *hangup):
+        signal.signal(sig, on_signal)
+        signal.siginterrupt(sig, False)
     try:
-        for addr in addrs:
-            click.echo(addr)
-        if addr_file:
-            tmp = f"{addr_file}.tmp"
-            with open(tmp, "w") as f:
-                f.write("\n".join(addrs) + "\n")
-            os.replace(tmp, addr_file)
-        node.run_until(stop)
+        try:
+            addrs = node.start()
+        except P2PDiLoCoError as e:
+            raise click.ClickException(str(e)) from e
+        if not stop.is_set():
+            _announce(addrs, addr_file)
+            node.run_until(stop)
     finally:
         node.shutdown()
     if received and received[0] == signal.SIGINT:
         sys.exit(130)
+
+
+def _announce(addrs: list[str], addr_file: str | None) -> None:
+    """Print the addresses, and write them to `addr_file` atomically (a reader never sees half)."""
+    for addr in addrs:
+        click.echo(addr)
+    if addr_file:
+        tmp = f"{addr_file}.tmp"
+        with open(tmp, "w") as f:
+            f.write("\n".join(addrs) + "\n")
+        os.replace(tmp, addr_file)
