@@ -210,6 +210,9 @@ class DiscoveryConfig:
     """Address others should use to reach this island (defaults to `host`; needed when host is 0.0.0.0)."""
     connect_timeout: float = 10.0
     """Seconds to wait for any bootstrap address to answer before giving up."""
+    secret: str | None = dataclasses.field(default=None, repr=False)
+    """Swarm secret (the same as `NetworkConfig.secret`): records are sealed with a key derived from
+    it, so only its holders can list or add members (`p2p_diloco.discovery.sealing`)."""
 
     def __post_init__(self) -> None:
         s = "discovery"
@@ -233,6 +236,8 @@ class DiscoveryConfig:
         _require(self.announce_host is not None or self.host not in ("0.0.0.0", "::"), s, "announce_host",
                  "set when host is a wildcard address (others cannot dial 0.0.0.0)", self.announce_host)
         _require(0 < self.connect_timeout <= 600, s, "connect_timeout", "in (0, 600] seconds", self.connect_timeout)
+        _require(self.secret is None or (isinstance(self.secret, str) and len(self.secret) > 0), s, "secret",
+                 "unset or a non-empty string", "<hidden>")
 
     @property
     def visible_host(self) -> str:
@@ -346,6 +351,9 @@ class IslandConfig:
     """No progress lines on stderr."""
     slowdown: float = 1.0
     """Fault injection: after each inner step, idle (slowdown - 1) times its duration, as a slower machine would."""
+    poison: str | None = None
+    """Fault injection: publish poisoned states (`nan`, `scale`, `random`, `other-run`): a hostile
+    member, as a test double (`p2p_diloco.peers.poison`)."""
 
     def __post_init__(self) -> None:
         s = "island"
@@ -358,5 +366,7 @@ class IslandConfig:
             _require((v is None and name.startswith("max_")) or (not isinstance(v, bool) and v > 0), s, name,
                      "> 0" + (" or unset" if name.startswith("max_") else ""), v)
         _require(0 <= self.port <= 65535, s, "port", "in [0, 65535]", self.port)
+        _require(self.poison in (None, "nan", "scale", "random", "other-run"), s, "poison",
+                 "unset, nan, scale, random or other-run", self.poison)
         _require(0.0 <= self.same_version_wait <= 1.0 and 0.0 <= self.max_stretch <= 1.0, s,
                  "same_version_wait/max_stretch", "in [0, 1]", (self.same_version_wait, self.max_stretch))

@@ -25,6 +25,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file as st_load_file
 from safetensors.torch import save_file as st_save_file
 
+from p2p_diloco.core.codecs import all_finite
 from p2p_diloco.errors import CheckpointError
 
 FORMAT = 2
@@ -64,7 +65,14 @@ def _sha256(path: Path, block: int = 16 * 1024 * 1024) -> str:
 
 
 def save(folder: str | Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Path:
-    """Write a checkpoint atomically under `folder`; returns the checkpoint's directory."""
+    """Write a checkpoint atomically under `folder`; returns the checkpoint's directory.
+
+    Raises `CheckpointError` (writing nothing) when a floating-point tensor holds NaN or infinite
+    values: such a checkpoint could never be resumed, and it would replace the last good one.
+    """
+    bad = [k for k, v in tensors.items() if v.is_floating_point() and not all_finite(v.detach())]
+    if bad:
+        raise CheckpointError(f"not writing a checkpoint: non-finite values in {', '.join(bad[:3])}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     name = f"ckpt-{int(meta['version']):08d}-{int(meta.get('round', 0)):08d}"

@@ -20,7 +20,7 @@ from p2p_diloco.config import NetworkConfig
 from p2p_diloco.core.codecs import EncodedVector
 from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.discovery.records import IslandRecord
-from p2p_diloco.errors import TransportError
+from p2p_diloco.errors import BadPayload, TransportError
 
 log = logging.getLogger(__name__)
 VERSION_POLL_S = 0.05
@@ -37,11 +37,15 @@ class FetchResult:
     nbytes: int
     waited_s: float = 0.0
     """How long the worker waited for the partner to publish the version asked for, before the transfer."""
+    distance: float | None = None
+    """What `measure` said of the state (`peers.plausibility`), computed on the worker's thread."""
+    bad_state: bool = False
+    """The failure was the partner's state itself (digests, sizes, non-finite values), not the link."""
 
 
 class GossipWorker:
-    def __init__(self, network: NetworkConfig, timeout_s: float) -> None:
-        self.network, self.timeout_s = network, timeout_s
+    def __init__(self, network: NetworkConfig, timeout_s: float, measure=None) -> None:
+        self.network, self.timeout_s, self.measure = network, timeout_s, measure
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._result: FetchResult | None = None
@@ -84,15 +88,26 @@ class GossipWorker:
                     time.sleep(VERSION_POLL_S)
                 snap = fetcher.fetch(self.timeout_s, decode=False)  # decoded slice by slice as it is mixed
             result = FetchResult(partner.peer_id, snap, None, snap.seconds, snap.nbytes,
-                                 waited_s=time.monotonic() - started - snap.seconds)
+                                 waited_s=time.monotonic() - started - snap.seconds, distance=self._measure(snap))
         except TransportError as e:
             log.info("exchange with %s at %s failed: %s", partner.peer_id[:8], partner.endpoint, e)
-            result = FetchResult(partner.peer_id, None, f"{type(e).__name__}: {e}", time.monotonic() - started, 0)
+            result = FetchResult(partner.peer_id, None, f"{type(e).__name__}: {e}", time.monotonic() - started, 0,
+                                 bad_state=isinstance(e, BadPayload))
         except Exception as e:  # a bug must not kill the island; it costs this exchange and is logged loudly
             log.exception("fetch from %s crashed", partner.peer_id[:8])
             result = FetchResult(partner.peer_id, None, f"{type(e).__name__}: {e}", time.monotonic() - started, 0)
         with self._lock:
             self._result = result
+
+    def _measure(self, snap) -> float | None:
+        """`measure(snap)`, or None when there is none or the state does not fit (refused later, with a reason)."""
+        if self.measure is None:
+            return None
+        try:
+            return self.measure(snap)
+        except Exception as e:  # a state of another shape: the island's own checks say so when it is taken
+            log.debug("could not measure the state from %s: %s", snap.endpoint, e)
+            return None
 
     def take(self) -> FetchResult | None:
         """The finished fetch, if any (each result is handed out once)."""
@@ -107,17 +122,19 @@ class GossipWorker:
             self._thread.join(timeout)
 
 
-def partner_state(snap, expected_numel: int, model: str = "") -> PartnerState:
-    """Turn a fetched snapshot into a mixable state, refusing one for a different model.
+def partner_state(snap, expected_numel: int, model: str = "", run: str = "") -> PartnerState:
+    """Turn a fetched snapshot into a mixable state, refusing one for a different model or run.
 
-    The manifest's `model` fingerprint must match `model` (when both are known) and every tensor
-    must hold `expected_numel` values: a partner running another model is refused here, with a
-    `TransportError` that says why, instead of failing inside the mixing step.
+    The manifest's `model` fingerprint and `run` digest (of the run's initial weights) must match
+    this island's (when both are known) and every tensor must hold `expected_numel` values: a
+    partner running another model, or another run of it, is refused here, with a `TransportError`
+    that says why, instead of being mixed or failing inside the mixing step.
     """
-    t, theirs = snap.tensors, snap.meta.get("model", "")
-    if model and theirs and theirs != model:
-        raise TransportError(f"snapshot from {snap.endpoint} is for another model (fingerprint {str(theirs)[:16]}, "
-                             f"this island's is {model})")
+    t, meta = snap.tensors, snap.meta
+    for key, ours, what in (("model", model, "another model (fingerprint"), ("run", run, "another run (initial weights")):
+        theirs = str(meta.get(key, ""))
+        if ours and theirs and theirs != ours:
+            raise TransportError(f"snapshot from {snap.endpoint} is for {what} {theirs[:16]}, this island's {ours})")
     if "phi" not in t:
         raise TransportError(f"snapshot from {snap.endpoint} holds no anchor 'phi'")
     for name in ("phi", "m", "delta"):
@@ -126,4 +143,4 @@ def partner_state(snap, expected_numel: int, model: str = "") -> PartnerState:
                                  f"{t[name].numel()} values, expected {expected_numel})")
     flat = {k: v if isinstance(v, EncodedVector) else v.reshape(-1) for k, v in t.items()}
     return PartnerState(phi=flat["phi"], m=flat.get("m"), delta=flat.get("delta"), version=snap.version,
-                        tokens=snap.tokens, peer=str(snap.meta.get("peer_id", "")))
+                        tokens=snap.tokens, peer=str(meta.get("peer_id", "")))

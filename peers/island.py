@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import time
 from pathlib import Path
@@ -37,14 +38,17 @@ import torch
 
 from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, IslandConfig, NetworkConfig
 from p2p_diloco.core.island import OuterLoop
-from p2p_diloco.core.params import fingerprint
+from p2p_diloco.core.params import fingerprint, weights_digest
 from p2p_diloco.discovery import open_membership
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.peers import checkpoint
+from p2p_diloco.errors import CheckpointError
+from p2p_diloco.peers.divergence import DivergenceGuard
 from p2p_diloco.peers.distributed import CARRY_ON, NEW_ROUND, STOP, SYNC, IntraIsland
 from p2p_diloco.peers.gossip import GossipWorker
 from p2p_diloco.peers.metrics import LinkRates, MetricsLog, progress_line
 from p2p_diloco.peers.partners import PartnerChooser
+from p2p_diloco.peers.plausibility import PlausibilityGate, relative_distance
 from p2p_diloco.peers.publishing import Publisher
 from p2p_diloco.peers.rounds import ANNOUNCE_EVERY_S, Round, RoundsMixin
 from p2p_diloco.peers.state import ModelExtras, join_from_freshest, resume
@@ -76,20 +80,29 @@ class SwarmIsland(RoundsMixin):
             self.peer_id = self.membership.peer_id
             self.name = self.cfg.name or self.peer_id[:8]
             self.outer = OuterLoop(self.peer_id, model, self.diloco)
+            self.run_digest = weights_digest(self.outer.state.phi)  # the initial weights name the run
             self.server = SnapshotServer(f"tcp://{self.cfg.bind_host}:{self.cfg.port}", self.network,
                                          announce_host=self.cfg.announce_host)
         except BaseException:
             self.membership.shutdown()
             raise
-        self.publisher = Publisher(self.server, self.outer, self.diloco, self.peer_id, self.fingerprint)
-        self.gossip = GossipWorker(self.network, timeout_s=self.network.fetch_timeout_s)
+        self.publisher = Publisher(self.server, self.outer, self.diloco, self.peer_id, self.fingerprint, self.run_digest)
+        self.gate = PlausibilityGate()
+        self.guard = DivergenceGuard(self)
+        if self.cfg.poison:
+            from p2p_diloco.peers.poison import poison
+
+            poison(self, self.cfg.poison)
+        self.gossip = GossipWorker(self.network, timeout_s=self.network.fetch_timeout_s,
+                                   measure=lambda snap: relative_distance(self.outer.state.phi, snap.tensors["phi"]))
         self.chooser = PartnerChooser(self.peer_id, self.diloco.max_staleness, model=self.fingerprint,
                                       rng=random.Random(self.peer_id))
         self.metrics = MetricsLog(self.cfg.run_dir)
         (self.cfg.run_dir / "island.json").write_text(json.dumps({"peer_id": self.peer_id, "name": self.name,
                                                                   "endpoint": self.server.endpoint}))
         self.started_at = time.time()
-        self.round = self.mixes = self.bytes_in = 0
+        self.round = self.mixes = self.bytes_in = self.refused = 0
+        self.last_refused: str | None = None
         self.own_tokens = 0
         self.inner_seconds = 0.0
         self.initial_loss: float | None = None
@@ -125,15 +138,16 @@ class SwarmIsland(RoundsMixin):
         """The island's figures now: what the dashboard shows of it, as a dict."""
         return {"peer_id": self.peer_id, "name": self.name, "version": self.version, "round": self.round,
                 "tokens": self.own_tokens, "partner": self.last_partner, "staleness": self.last_staleness,
-                "mixes": self.mixes, "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
+                "mixes": self.mixes, "refused": self.refused, "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
                 "loss": self.last_loss, "eval_loss": self.eval_loss, "state": self.state}
 
     @property
     def last_loss(self) -> float | None:
-        """The loss last passed to `step()`, as a float (read lazily: no device sync per step)."""
+        """The loss last passed to `step()`, as a float; None while it is not finite (a record
+        carries finite numbers only)."""
         if isinstance(self._loss, torch.Tensor):
-            self._loss = float(self._loss.detach().float().item())
-        return self._loss
+            self._loss = float(self._loss.float().item())
+        return self._loss if self._loss is None or math.isfinite(self._loss) else None
 
     def share(self, value: int) -> int:
         """`value` as every rank of a torchrun island sees it: this rank's (rank 0's), told to the others."""
@@ -188,6 +202,7 @@ class SwarmIsland(RoundsMixin):
         self.inner_seconds += now - self._returned_at
         if loss is not None:
             self._loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
+            self.guard.after_step(self._loss)
         self.outer.round_steps += 1
         rnd.tokens += (self.tokens_per_step if tokens is None else tokens) * self.world
         if now - rnd.last_announce >= ANNOUNCE_EVERY_S:  # keep watchers current mid-round
@@ -200,7 +215,7 @@ class SwarmIsland(RoundsMixin):
             self._rnd = rnd = Round.begin(self, rnd.compute_s)
         if not self.done:
             self._keep_fetching(rnd)
-            rnd.arrived = rnd.arrived or self._mix_if_arrived()
+            rnd.arrived = rnd.arrived or self._mix_if_arrived(rnd)
         self._tell_ranks(STOP if self.done else NEW_ROUND if ended else SYNC if self.weights_changed else CARRY_ON)
         self._returned_at = time.monotonic()
 
@@ -220,17 +235,24 @@ class SwarmIsland(RoundsMixin):
         if self._closed:
             return self._summary
         self._closed, self.state = True, "leaving"
-        self._tell_ranks(STOP)
-        self.gossip.close(timeout=ABANDON_FETCH_S)
-        steps = []
+        steps = [("telling the other ranks", lambda: self._tell_ranks(STOP)),
+                 ("abandoning the fetch", lambda: self.gossip.close(timeout=ABANDON_FETCH_S))]
         if self._started:
-            steps += [self.save_checkpoint, self._final_eval]
-        steps += [self.membership.leave, self.membership.shutdown, self.server.close, self.metrics.close]
-        for step in steps:
+            steps += [("checkpoint", self.save_checkpoint), ("final evaluation", self._final_eval)]
+        steps += [("leave", self.membership.leave), ("membership shutdown", self.membership.shutdown),
+                  ("server close", self.server.close), ("metrics close", self.metrics.close)]
+        interrupted: BaseException | None = None
+        for name, step in steps:
+            if interrupted is not None and name in ("checkpoint", "final evaluation"):
+                continue
             try:
                 step()
             except Exception:  # leaving must not fail half-way: each step is independent
-                log.exception("while leaving: %s failed", getattr(step, "__name__", step))
+                log.exception("while leaving: %s failed", name)
+            except BaseException as e:  # a second Ctrl+C: skip saving, still stop the DHT process and sockets
+                interrupted = interrupted or e
+        if interrupted is not None:
+            raise interrupted
         return self._summary
 
     def _final_eval(self) -> None:
@@ -241,7 +263,7 @@ class SwarmIsland(RoundsMixin):
     def _summary(self) -> dict[str, Any]:
         return {"peer_id": self.peer_id, "name": self.name, "initial_loss": self.initial_loss,
                 "eval_loss": self.eval_loss, "version": self.version, "tokens": self.own_tokens,
-                "rounds": self.round, "mixes": self.mixes, "utilization": self.utilization(),
+                "rounds": self.round, "mixes": self.mixes, "refused": self.refused, "utilization": self.utilization(),
                 "bytes_in": self.bytes_in, "bytes_out": self.bytes_out}
 
     # -- state -----------------------------------------------------------------------------------
@@ -249,12 +271,18 @@ class SwarmIsland(RoundsMixin):
         return {"optimizer": self.optimizer, "scheduler": self.scheduler, "model": ModelExtras(self.model),
                 "extra": self.extra_state}
 
-    def save_checkpoint(self) -> Path:
-        """Write the whole island (outer state, inner optimizer, scheduler, buffers, extra state) atomically."""
+    def save_checkpoint(self) -> Path | None:
+        """Write the whole island (outer state, inner optimizer, scheduler, buffers, extra state)
+        atomically; None (and an error logged, the last good checkpoint kept) when it would hold
+        non-finite values."""
         tensors, meta = checkpoint.pack(self.outer, self._parts(), {"round": self.round, "peer_id": self.peer_id,
-                                                                    "model": self.fingerprint,
+                                                                    "model": self.fingerprint, "run": self.run_digest,
                                                                     "own_tokens": self.own_tokens})
-        return checkpoint.save(self.cfg.run_dir / "checkpoints", tensors, meta)
+        try:
+            return checkpoint.save(self.cfg.run_dir / "checkpoints", tensors, meta)
+        except CheckpointError as e:
+            log.error("%s; the last good checkpoint stays", e)
+            return None
 
     def _evaluate(self) -> float | None:
         return None if self.eval_fn is None else float(self.eval_fn())
@@ -270,7 +298,8 @@ class SwarmIsland(RoundsMixin):
         return IslandRecord(peer_id=self.peer_id, endpoint=self.server.endpoint, version=s.version, tokens=s.tokens,
                             tokens_per_s=tokens_per_s, loss=self.last_loss, eval_loss=self.eval_loss,
                             state=self.state, upload_bps=up, download_bps=down, bytes_sent=sent,
-                            bytes_received=self.bytes_in, last_partner=self.last_partner,
+                            bytes_received=self.bytes_in, last_partner=self.last_partner, refused=self.refused,
+                            last_refused=self.last_refused,
                             started_at=self.started_at, published_at=self.publisher.published_at,
                             timestamp=time.time(), model=self.fingerprint)
 

@@ -11,7 +11,8 @@ island. A candidate's weight multiplies:
   members counting as median;
 - load: `1 / (1 + upload share)`, the share of the swarm's upload it already carries;
 - reachability: after a failed exchange a member is skipped for a backoff that doubles with each
-  consecutive failure (2 s .. 60 s);
+  consecutive failure (2 s .. 60 s); a member whose states were refused before mixing (implausible,
+  non-finite) `REFUSALS_TO_DROP` times is never chosen again;
 - variety: the partner of the previous round counts half;
 - model: a member whose record shows another model fingerprint is never a candidate.
 
@@ -44,12 +45,15 @@ MAX_SPEED_FACTOR = 4.0
 LAST_PARTNER_FACTOR = 0.5
 """The partner of the previous round weighs this much (variety), unless it is the only candidate."""
 RATE_SMOOTHING = 0.5
+REFUSALS_TO_DROP = 3
+"""A member whose states were refused this many times is never chosen again."""
 """Weight of a new measured download rate against the remembered one (exponential average)."""
 
 
 @dataclass
 class _PeerHistory:
     rate_bps: float | None = None
+    refusals: int = 0
     failures: int = 0
     retry_after: float = 0.0
 
@@ -135,6 +139,14 @@ class PartnerChooser:
         new = peer_id not in self.excluded
         self.excluded.add(peer_id)
         return new
+
+    def refused(self, peer_id: str) -> bool:
+        """A state of `peer_id` was refused before mixing: back off as after a failure, and drop the
+        member for the rest of the run at the `REFUSALS_TO_DROP`th refusal (True then)."""
+        h = self.history.setdefault(peer_id, _PeerHistory())
+        h.refusals += 1
+        self.failed(peer_id)
+        return h.refusals >= REFUSALS_TO_DROP and self.exclude(peer_id)
 
     def failed(self, peer_id: str) -> None:
         h = self.history.setdefault(peer_id, _PeerHistory())

@@ -5,7 +5,8 @@ pinned host buffer (allocated once, reused every round: an asynchronous DMA copy
 pageable one, and no new allocation per round); an anchor on the host is encoded where it is.
 What is published: the anchor always, the momentum in `momentum="mixed"` mode, the last
 pseudo-gradient when partners average pseudo-gradients; the manifest's meta names the island and
-its model fingerprint, so a partner with another model refuses the state before mixing it.
+its model fingerprint and its run (the digest of the run's initial weights), so a partner with
+another model, or from another run, refuses the state before mixing it.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from p2p_diloco.core.device import pinned_buffer, to_host
 class Publisher:
     """Publishes the state of one island's `OuterLoop` on its `SnapshotServer` (see the module docstring)."""
 
-    def __init__(self, server, outer, diloco: DiLoCoConfig, peer_id: str, model: str) -> None:
+    def __init__(self, server, outer, diloco: DiLoCoConfig, peer_id: str, model: str, run: str = "") -> None:
         self.server, self.outer, self.diloco = server, outer, diloco
-        self.meta = {"peer_id": peer_id, "model": model}
+        self.meta = {"peer_id": peer_id, "model": model, "run": run}
         self.published_at = 0.0
         """Unix time of the last publish (the phase of the island's rounds, for pacing)."""
         self._staging: dict[str, torch.Tensor] = {}

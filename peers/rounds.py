@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from p2p_diloco.core.outer import PartnerState
@@ -46,6 +46,8 @@ class Round:
     """The exchange figures of a partner mixed mid-round (`mix_at=arrival`)."""
     stretch_until: float | None = None
     """Past H: when to stop training on (set once H steps are done)."""
+    refused_from: list = field(default_factory=list)
+    """Partners whose state was refused mid-round (the round then looks for another one)."""
 
     @classmethod
     def begin(cls, island: Any, last_compute_s: float) -> Round:
@@ -114,20 +116,34 @@ class RoundsMixin:
         info = {"partner": result.peer_id, "fetch_s": round(result.seconds, 3), "wait_s": round(result.waited_s, 3),
                 "bytes_in": result.nbytes}
         if result.snapshot is None:
-            self.chooser.failed(result.peer_id)
             info["fetch_error"] = result.error
+            if result.bad_state:
+                return self._refuse(result.peer_id, result.error, info)
+            self.chooser.failed(result.peer_id)
             return [], info
         self.chooser.succeeded(result.peer_id, result.nbytes, result.seconds)
         self.bytes_in += result.nbytes
         try:
-            return [partner_state(result.snapshot, self.outer.state.phi.numel(), self.fingerprint)], info
-        except TransportError as e:
-            if self.chooser.exclude(result.peer_id):
-                log.warning("%s; never mixing with %s", e, result.peer_id[:8])
-            info["fetch_error"] = str(e)
-            return [], info
+            state = partner_state(result.snapshot, self.outer.state.phi.numel(), self.fingerprint, self.run_digest)
+        except TransportError as e:  # another model or run: it never changes, so never again
+            self.chooser.exclude(result.peer_id)
+            return self._refuse(result.peer_id, str(e), info)
+        why = self.gate.judge(result.distance)
+        if why is not None:
+            return self._refuse(result.peer_id, why, info)
+        info["distance"] = None if result.distance is None else round(result.distance, 6)
+        return [state], info
 
-    def _mix_if_arrived(self) -> dict | None:
+    def _refuse(self, peer_id: str, why: str, info: dict) -> tuple[list[PartnerState], dict]:
+        """A partner's state is not mixed: count it, tell the dashboard, back the partner off (or drop it)."""
+        self.refused += 1
+        self.last_refused = peer_id
+        dropped = self.chooser.refused(peer_id)
+        log.warning("refused the state of %s: %s%s", peer_id[:8], why, "; never choosing it again" if dropped else "")
+        info["refused"] = why
+        return [], info
+
+    def _mix_if_arrived(self, rnd: Round) -> dict | None:
         """Between inner steps (`mix_at=arrival`): mix a partner state the moment its fetch is done.
 
         The anchor and the running weights move together, so the rest of the round trains from the
@@ -137,6 +153,10 @@ class RoundsMixin:
             return None
         partners, info = self._take_partner()
         if info["partner"] is None:
+            return None
+        if info.get("refused"):  # a refused state costs nothing else: look for another partner this round
+            rnd.refused_from.append(info["partner"])
+            rnd.fetching = False
             return None
         info["weight"] = 0.0
         if partners:
@@ -155,6 +175,8 @@ class RoundsMixin:
     def _end_round(self, rnd: Round) -> None:
         """Mix what arrived after the last step, take the outer step, evaluate, publish, announce, log."""
         outer, steps = self.outer, self.outer.round_steps
+        if not self.guard.weights_finite():  # never an outer step from non-finite weights
+            self.guard.roll_back("non-finite weights at the round's end")
         partners, info = self._take_partner()  # a fetch that arrived after the last inner step
         weights = outer.end_round(partners, tokens=rnd.tokens)
         self.weights_changed = True
@@ -170,4 +192,6 @@ class RoundsMixin:
             self.eval_loss = self._evaluate()
         self.publish()
         self.membership.announce(self.record(self.tokens_per_s(rnd)))
+        if rnd.refused_from:
+            info["refused_from"] = rnd.refused_from
         self._log_round(info, steps, rnd.compute_s)

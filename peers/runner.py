@@ -59,7 +59,7 @@ def train(island: Any, trainer: Trainer, max_seconds: float | None = None, size_
     With `size_by_time` (a budget in seconds only), the cosine schedule is sized from the speed of
     the first round. `slowdown` > 1 idles after each step (fault injection: a slower machine).
     """
-    sized = not size_by_time
+    sized = not size_by_time or island.round > 0  # resumed: the schedule came back with the checkpoint
     while not island.done:
         started = time.monotonic()
         loss = trainer.step()

@@ -52,6 +52,7 @@ def resume(island: Any) -> int:
         raise CheckpointError(f"--resume given but {folder} holds no checkpoint")
     meta = checkpoint.restore(island.outer, island._parts(), checkpoint.load(path), path, island.fingerprint)
     island.own_tokens = int(meta.get("own_tokens", 0))
+    island.run_digest = island.publisher.meta["run"] = str(meta.get("run", island.run_digest))
     log.info("resumed from %s at version %d, round %d", path.name, island.version, int(meta["round"]))
     return int(meta["round"])
 
@@ -75,7 +76,7 @@ def join_from_freshest(island: Any) -> None:
         try:
             snap = fetch(best.endpoint, island.network, decode=False,
                          timeout=min(island.network.fetch_timeout_s, deadline - time.monotonic()))
-            outer.adopt(partner_state(snap, outer.state.phi.numel(), island.fingerprint))
+            outer.adopt(partner_state(snap, outer.state.phi.numel(), island.fingerprint, island.run_digest))
             island.bytes_in += snap.nbytes
             log.info("joined from %s at version %d (%d bytes in %.1f s)", best.peer_id[:8], snap.version,
                      snap.nbytes, snap.seconds)

@@ -116,6 +116,7 @@ class DetailScreen(Screen):
             ("upload", fmt.rate(r.upload_bps)), ("download", fmt.rate(r.download_bps)),
             ("sent", fmt.size(r.bytes_sent)), ("received", fmt.size(r.bytes_received)),
             ("last partner", fmt.short_id(r.last_partner)),
+            ("refused", f"{r.refused} states, last from {fmt.short_id(r.last_refused)}" if r.refused else "0"),
             ("started", f"{fmt.clock(r.started_at)} ({fmt.duration(now - r.started_at)} ago)" if r.started_at else "-"),
             ("record age", fmt.duration(view.age)),
             ("first seen", f"{fmt.clock(view.first_seen)}"),

@@ -195,6 +195,11 @@ class SwarmState:
                                          f"record expired), last v{view.record.version}", pid)
 
     def _state_change(self, view: IslandView, rec: IslandRecord) -> None:
+        if rec.refused > view.record.refused:
+            n = rec.refused - view.record.refused
+            self.note("refused", f"{view.short_id} refused {n} partner state{'s' * (n > 1)}, last from "
+                                 f"{(rec.last_refused or '?')[:8]} (implausible, non-finite, or another model or run)",
+                      rec.peer_id)
         old, new = view.record.state, rec.state
         if old == new or {old, new} == {"training", "syncing"}:
             return  # training <-> syncing happens every round: not news

@@ -1,4 +1,4 @@
-"""`p2p-diloco bench transport|swarm|round`: the measurements BENCHMARKS.md quotes, each printed by one command."""
+"""`p2p-diloco bench transport|swarm|round|attack`: the measurements BENCHMARKS.md quotes, each printed by one command."""
 
 from __future__ import annotations
 
@@ -123,3 +123,32 @@ def _round_table(rows: list[dict]) -> None:
                  f"{r['peak_extra_bytes'] / 2**20:.1f}", f"{r['overhead_per_param_ns']:.2f}",
                  f"{r['overhead_vs_clone']:.2f}", f"{r['peak_extra_vs_state']:.2f}"]
         click.echo(" ".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
+
+
+@bench.command("attack")
+@click.option("--kinds", default="nan,scale,random,other-run", show_default=True, callback=csv(str),
+              help="Poisons the hostile island publishes, one swarm each (nan, scale, random, other-run).")
+@click.option("--honest", type=click.IntRange(2, 8), default=3, show_default=True, help="Honest islands.")
+@click.option("--tokens", type=click.IntRange(min=1), default=368_640, show_default=True,
+              help="Tokens every island trains in every swarm.")
+@click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the runs here.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def bench_attack(kinds, honest, tokens, workdir, as_json) -> None:
+    """Honest islands with one hostile member (a test double) against the same swarm without it."""
+    from p2p_diloco.bench.attack import run_bench_attack
+    from p2p_diloco.peers.poison import KINDS
+
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        raise click.BadParameter(f"unknown {', '.join(unknown)}; choose from {', '.join(KINDS)}", param_hint="--kinds")
+    with user_errors():
+        out = run_bench_attack(tuple(kinds), honest, tokens, workdir=Path(workdir) if workdir else None)
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    clean = out["clean_eval_loss"]
+    click.echo(f"without the hostile island: eval loss {', '.join(f'{x:.4f}' for x in clean)}")
+    for kind, a in out["attacks"].items():
+        click.echo(f"{kind:>10}: eval loss {', '.join(f'{x:.4f}' for x in a['eval_loss'])} "
+                   f"(worst x{a['worst_ratio_to_clean']:.4f} of the clean run); hostile states refused "
+                   f"{a['hostile_states_refused']}, mixed {a['hostile_states_mixed']}")

@@ -40,22 +40,30 @@ class InnerLoop:
         self.step = 0
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        """One AdamW step on batch (x, y) of shape (B, T); returns the training loss."""
+        """One AdamW step on batch (x, y) of shape (B, T); returns the training loss.
+
+        A non-finite loss skips the step (no backward, no update: the weights stay as they were)
+        and is returned as it is, for the island to count. A param group's `lr_scale` (set when an
+        island rolls back after diverging) scales the schedule's rate.
+        """
         lr = lr_at(self.step, self.cfg)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)
         self.model.train()
         device = _device(self.model)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast(device, self.cfg.precision):  # bf16: matmuls in bf16, weights and Adam state stay fp32
             _, loss = self.model(x, y)
+        self.step += 1
+        value = loss.item()
+        if not math.isfinite(value):
+            return value
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
-        self.step += 1
-        return loss.item()
+        return value
 
 
 def _device(model: torch.nn.Module) -> torch.device:

@@ -62,6 +62,18 @@ def fingerprint(model: torch.nn.Module) -> str:
     return hashlib.sha256(spec.encode()).hexdigest()[:16]
 
 
+def weights_digest(vec: torch.Tensor, samples: int = 1 << 17) -> str:
+    """16 hex digits identifying a flat vector of weights from an evenly spaced sample of its values.
+
+    Islands of one run start from the same weights (the same seed); the digest of those initial
+    weights names the run, so a state from another run of the same model is refused before mixing.
+    A sample keeps it cheap at any size, and two seeds never agree on it.
+    """
+    step = max(1, vec.numel() // samples)
+    sample = vec.detach()[::step].float().cpu().contiguous()
+    return hashlib.sha256(sample.numpy().tobytes() + str(vec.numel()).encode()).hexdigest()[:16]
+
+
 class ParamSlices:
     """The model's trainable parameters as consecutive slices of one virtual flat vector."""
 

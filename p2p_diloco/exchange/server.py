@@ -193,8 +193,11 @@ class SnapshotServer:
                 ev = recv_monitor_message(self._monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if ev["event"] & HANDSHAKE_FAILED:
+            if ev["event"] & HANDSHAKE_FAILED and self.config.secret is not None:
                 self._refused(f"security handshake failed ({zmq.Event(ev['event']).name}, code {ev['value']})")
+            elif ev["event"] & HANDSHAKE_FAILED:  # no secret: a peer that stalled mid-greeting, or not a ZMTP peer
+                log.debug("a connection failed its ZMTP greeting (%s, code %d)", zmq.Event(ev["event"]).name,
+                          ev["value"])
 
     def _refused(self, reason: str) -> None:
         with self._lock:

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 import torch
 from p2p_diloco.peers import checkpoint
@@ -98,10 +100,18 @@ def test_corrupt_or_mismatched_checkpoints_are_clear_errors(tmp_path):
         checkpoint.restore(island(), {}, checkpoint.load(other), other, "1" * 16)
 
 
-def test_non_finite_values_are_refused(tmp_path):
-    path = checkpoint.save(tmp_path, {"phi": torch.tensor([1.0, float("nan")])}, {"version": 1, "round": 1})
+def test_non_finite_values_are_never_written_nor_read(tmp_path):
+    good = checkpoint.save(tmp_path, {"phi": torch.ones(2)}, {"version": 1, "round": 1})
+    with pytest.raises(CheckpointError, match="non-finite values in phi"):
+        checkpoint.save(tmp_path, {"phi": torch.tensor([1.0, float("nan")])}, {"version": 2, "round": 2})
+    assert checkpoint.latest(tmp_path) == good and not list(tmp_path.glob(".*.tmp"))  # the last good one stays
+    import safetensors.torch  # a file written by something else is still checked when read
+    safetensors.torch.save_file({"phi": torch.tensor([1.0, float("inf")])}, good / "state.safetensors")
+    meta = json.loads((good / "meta.json").read_text())
+    meta["sha256"] = checkpoint._sha256(good / "state.safetensors")
+    (good / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match="non-finite"):
-        checkpoint.load(path)
+        checkpoint.load(good)
 
 
 def test_latest_pointing_nowhere_is_an_error(tmp_path):

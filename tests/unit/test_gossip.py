@@ -89,3 +89,18 @@ def test_a_dead_partner_costs_only_that_exchange(server):
     result = _result(worker)
     assert result.snapshot is None and result.error.startswith("Transport"), result.error
     assert time.monotonic() - started < 3.0  # the fetch timeout, not the wait for a version
+
+
+def test_a_finished_fetch_is_never_lost_to_a_new_one(server):
+    """The race the hand-off must survive: a fetch finishes, and a new one is asked for before it was taken."""
+    _publish(server, 1)
+    worker = GossipWorker(NET, timeout_s=5.0, measure=lambda snap: 0.25)
+    assert worker.start(_record(server, 1))
+    _wait_for(lambda: worker.has_result, 10, "the first fetch to finish")
+    _publish(server, 2)
+    assert not worker.start(_record(server, 2))  # refused: the finished state waits to be taken
+    first = worker.take()
+    assert first.snapshot.version == 1 and first.distance == 0.25 and worker.take() is None
+    assert worker.start(_record(server, 2))
+    assert _result(worker).snapshot.version == 2
+    worker.close()

@@ -36,7 +36,7 @@ def test_record_round_trips_through_dict_json_and_msgpack():
     assert IslandRecord.from_dict(msgpack.unpackb(msgpack.packb(r.to_dict()))) == r
     assert set(r.to_dict()) == {"peer_id", "endpoint", "version", "tokens", "tokens_per_s", "loss", "eval_loss", "state",
                                 "upload_bps", "download_bps", "bytes_sent", "bytes_received", "last_partner",
-                                "started_at", "published_at", "timestamp", "model"}
+                                "started_at", "published_at", "timestamp", "model", "refused", "last_refused"}
 
 
 def test_integer_rates_become_floats_so_the_strict_dht_schema_accepts_them():

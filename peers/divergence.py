@@ -1,0 +1,74 @@
+"""An island's own divergence: a non-finite loss or non-finite weights roll it back to its anchor.
+
+Without this, a diverged island crashed when it published (a non-finite state cannot travel) and
+wrote the non-finite state as its latest checkpoint on the way out, which `--resume` then refused.
+Now `SwarmIsland.step()` reports every loss here:
+
+- a non-finite loss is counted (the project's own inner loop skips such a step; a user's loop has
+  already taken it, so the weights are checked too);
+- at `BAD_STEPS` in a row, or at once when the weights themselves are no longer finite, the
+  island rolls back: the weights return to the anchor (the state of the last outer step, which is
+  finite: nothing non-finite is ever mixed), the inner optimizer's state (moments) is cleared, and
+  its learning rate is multiplied by `LR_CUT`, with one warning saying so.
+
+The round goes on from there; checkpoints never hold non-finite values (`checkpoint.save` refuses).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+
+from p2p_diloco.core.codecs import all_finite
+
+log = logging.getLogger(__name__)
+BAD_STEPS = 3
+"""Non-finite losses in a row that roll the island back."""
+LR_CUT = 0.5
+"""Each rollback multiplies the inner learning rate by this."""
+
+
+class DivergenceGuard:
+    """Watches one island's losses and weights; rolls it back when it diverges (see the module docstring)."""
+
+    def __init__(self, island: Any) -> None:
+        self.island = island
+        self.bad_in_a_row = 0
+        self.rollbacks = 0
+
+    def after_step(self, loss: Any) -> bool:
+        """Account for one inner step's loss; True when the island was rolled back."""
+        if loss is None or math.isfinite(float(loss)):
+            self.bad_in_a_row = 0
+            return False
+        self.bad_in_a_row += 1
+        if self.bad_in_a_row >= BAD_STEPS or not self.weights_finite():
+            self.roll_back(f"{self.bad_in_a_row} non-finite losses in a row")
+            return True
+        return False
+
+    def weights_finite(self) -> bool:
+        return all(all_finite(view) for _, _, view in self.island.outer.slices)
+
+    @torch.no_grad()
+    def roll_back(self, why: str) -> None:
+        """Weights back to the anchor, inner optimizer state cleared, learning rate cut."""
+        isl = self.island
+        isl.outer.slices.load(isl.outer.state.phi)
+        isl.optimizer.state.clear()
+        for group in isl.optimizer.param_groups:
+            group["lr"] *= LR_CUT
+            group["lr_scale"] = group.get("lr_scale", 1.0) * LR_CUT
+            if "initial_lr" in group:
+                group["initial_lr"] *= LR_CUT
+        if isl.scheduler is not None and hasattr(isl.scheduler, "base_lrs"):
+            isl.scheduler.base_lrs = [lr * LR_CUT for lr in isl.scheduler.base_lrs]
+        isl.weights_changed = True
+        self.bad_in_a_row = 0
+        self.rollbacks += 1
+        log.warning("%s diverged (%s): back to its anchor at version %d, inner optimizer state cleared, "
+                    "learning rate x%g (rollback %d)", isl.name, why, isl.version, LR_CUT ** self.rollbacks,
+                    self.rollbacks)

@@ -1,0 +1,76 @@
+"""Is a partner's state plausible enough to mix? A distance gate learned from the swarm's own states.
+
+Digests, sizes and finiteness prove a state arrived as it was sent, not that it is sane: a member
+holding the secret can publish its weights times 1e6, a random state or another run's state, and
+mixing one of those with weight 0.5 destroys the island. Honest partners' anchors sit close to
+this island's own: they started from the same weights and mix with each other every round. So the
+gate measures the relative distance `r = |phi_j - phi_i| / |phi_i|` of every fetched state and
+refuses one far outside the distances of the states it accepted recently:
+
+- before `MIN_HISTORY` accepted states: `r <= START_BOUND` (a state as far from ours as our own
+  weights are large is no partner's; a random or another run's state lands near sqrt(2));
+- then `r <= max(RATIO x median, median + SPREAD x 1.4826 x MAD)` over the last `HISTORY` accepted
+  distances, robust to the few outliers that get through.
+
+The distance is computed on the gossip worker's thread as the state arrives (`measure`), so a
+refused state costs the training loop nothing; a refused partner backs off and, refused again and
+again, is never chosen again (`PartnerChooser.refused`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+
+import torch
+
+from p2p_diloco.core.params import CHUNK
+
+HISTORY = 32
+"""Accepted distances remembered."""
+MIN_HISTORY = 4
+"""Accepted distances needed before the learned bound replaces `START_BOUND`."""
+START_BOUND = 1.0
+"""The bound on `r` until then."""
+RATIO = 8.0
+"""A state may be this many times farther than the median accepted one (mixing on arrival pulls
+honest islands together, so distances vary a lot relative to a small median)."""
+SPREAD = 6.0
+"""... or this many (normal-scaled) median absolute deviations above the median."""
+
+
+@torch.no_grad()
+def relative_distance(own: torch.Tensor, theirs) -> float:
+    """`|theirs - own| / |own|`, slice by slice (`theirs` may be an `EncodedVector` on the host)."""
+    diff = norm = 0.0
+    for i in range(0, own.numel(), CHUNK):
+        mine = own[i : i + CHUNK]
+        d = theirs[i : i + CHUNK].to(mine.device, non_blocking=True) - mine
+        diff += float(d.double().square().sum())
+        norm += float(mine.double().square().sum())
+    return math.sqrt(diff) / max(math.sqrt(norm), 1e-12)
+
+
+class PlausibilityGate:
+    """The bound a partner state's relative distance must keep (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.accepted: deque[float] = deque(maxlen=HISTORY)
+
+    def bound(self) -> float:
+        if len(self.accepted) < MIN_HISTORY:
+            return START_BOUND
+        med = statistics.median(self.accepted)
+        mad = statistics.median(abs(r - med) for r in self.accepted)
+        return max(RATIO * med, med + SPREAD * 1.4826 * mad)
+
+    def judge(self, r: float | None) -> str | None:
+        """None when a state at distance `r` may be mixed (and remembers `r`), else why not."""
+        if r is None:
+            return None
+        bound = self.bound()
+        if not math.isfinite(r) or r > bound:
+            return f"implausible: {r:.3g} x this island's weights away, the bound is {bound:.3g}"
+        self.accepted.append(r)
+        return None
