@@ -40,16 +40,30 @@ SPREAD = 6.0
 """... or this many (normal-scaled) median absolute deviations above the median."""
 
 
+def _slice(x, i: int, device: torch.device | None = None) -> torch.Tensor:
+    part = x[i : i + CHUNK]
+    part = part if isinstance(part, torch.Tensor) else part.float()  # an EncodedVector decodes its slice
+    return part if device is None else part.to(device, non_blocking=True)
+
+
 @torch.no_grad()
-def relative_distance(own: torch.Tensor, theirs) -> float:
-    """`|theirs - own| / |own|`, slice by slice (`theirs` may be an `EncodedVector` on the host)."""
-    diff = norm = 0.0
-    for i in range(0, own.numel(), CHUNK):
-        mine = own[i : i + CHUNK]
-        d = theirs[i : i + CHUNK].to(mine.device, non_blocking=True) - mine
-        diff += float(d.double().square().sum())
-        norm += float(mine.double().square().sum())
-    return math.sqrt(diff) / max(math.sqrt(norm), 1e-12)
+def distance(x, y) -> float:
+    """`|x - y|`, slice by slice (either may be an `EncodedVector` on the host)."""
+    total = 0.0
+    for i in range(0, x.numel(), CHUNK):
+        a = _slice(x, i)
+        total += float((_slice(y, i, a.device) - a).double().square().sum())
+    return math.sqrt(total)
+
+
+@torch.no_grad()
+def norm(x) -> float:
+    return math.sqrt(sum(float(_slice(x, i).double().square().sum()) for i in range(0, x.numel(), CHUNK)))
+
+
+def relative_distance(own, theirs) -> float:
+    """`|theirs - own| / |own|`."""
+    return distance(own, theirs) / max(norm(own), 1e-12)
 
 
 class PlausibilityGate:

@@ -16,12 +16,16 @@ from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.errors import TransportError
 from p2p_diloco.peers.gossip import partner_state
 from p2p_diloco.peers.pacing import catch_up_seconds
+from p2p_diloco.peers.plausibility import PlausibilityGate
+from p2p_diloco.peers.state import join_from_freshest
 
 log = logging.getLogger(__name__)
 ANNOUNCE_EVERY_S = 2.0
 """Mid-round, the island's record is announced again this often (the dashboard's tokens/s and loss)."""
 FRESH_RECORD_S = 3 * ANNOUNCE_EVERY_S
 """Pacing counts only records younger than this: a dead island's record lingers until it expires."""
+STALE_LAG = 3
+"""A refused state this many versions ahead or more means this island is the stale one: it catches up."""
 RETRY_PARTNER_S = 0.5
 """How often a round that found no partner at its start looks again (one may have published since)."""
 
@@ -130,9 +134,25 @@ class RoundsMixin:
             return self._refuse(result.peer_id, str(e), info)
         why = self.gate.judge(result.distance)
         if why is not None:
+            if state.version >= self.outer.state.version + STALE_LAG:
+                self._catch_up(result.peer_id, state.version)  # this island may be the stale one
+                info["caught_up"] = True
             return self._refuse(result.peer_id, why, info)
         info["distance"] = None if result.distance is None else round(result.distance, 6)
         return [state], info
+
+    def _catch_up(self, peer_id: str, version: int) -> None:
+        """Far behind the swarm (resumed after a long absence, or stalled), a state that far ahead is
+        legitimately far from this island's anchor, but a claimed version proves nothing (the state
+        is still refused, and counted); so the island rejoins as a newcomer does, adopting the state
+        most of the freshest members agree on, and its plausibility history starts over."""
+        log.warning("%s is at version %d, %s at %d: catching up from the freshest members",
+                    self.name, self.outer.state.version, peer_id[:8], version)
+        state_before = self.state
+        join_from_freshest(self)
+        self.state = state_before
+        self.gate = PlausibilityGate()
+        self.weights_changed = True
 
     def _refuse(self, peer_id: str, why: str, info: dict) -> tuple[list[PartnerState], dict]:
         """A partner's state is not mixed: count it, tell the dashboard, back the partner off (or drop it)."""

@@ -1,7 +1,7 @@
 """Where an island's state comes from when it starts: its last checkpoint, or the freshest member.
 
-A joiner never starts from the initial weights in a running swarm: it downloads the freshest
-member's state (trying the next freshest when a download fails). `--resume` continues from the
+A joiner never starts from the initial weights in a running swarm: it downloads the states of
+the freshest members (up to three) and adopts the one that agrees best with the others. `--resume` continues from the
 last checkpoint in the run folder instead, with everything the island had: outer state, inner
 optimizer, scheduler, model buffers and the caller's own state (`SwarmIsland.save_checkpoint`).
 """
@@ -9,6 +9,7 @@ optimizer, scheduler, model buffers and the caller's own state (`SwarmIsland.sav
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from typing import Any
 
@@ -18,8 +19,11 @@ from p2p_diloco.errors import CheckpointError, TransportError
 from p2p_diloco.exchange.client import fetch
 from p2p_diloco.peers import checkpoint
 from p2p_diloco.peers.gossip import partner_state
+from p2p_diloco.peers.plausibility import START_BOUND, distance, norm
 
 log = logging.getLogger(__name__)
+JOIN_QUORUM = 3
+"""A joiner compares up to this many of the freshest members' states before adopting one."""
 DISCOVERY_SETTLE_S = 5.0
 """How long a joiner lets discovery show who is there (a second island at least) before it looks
 for the freshest member."""
@@ -58,29 +62,60 @@ def resume(island: Any) -> int:
 
 
 def join_from_freshest(island: Any) -> None:
-    """Start from the freshest member's state if the run is already going (see the module docstring)."""
+    """Start from the freshest members' state if the run is already going (see the module docstring).
+
+    The joiner downloads up to `JOIN_QUORUM` of the freshest members' states (same model and run)
+    and adopts the one closest to the others, so one member publishing a poisoned state while it
+    claims the highest version cannot hand every newcomer its poison; with two, the one closer to
+    the run's initial weights (this island's own) wins.
+    """
     cfg, outer = island.cfg, island.outer
     deadline = time.monotonic() + cfg.join_timeout_s
     island.wait_for_members(2, min(DISCOVERY_SETTLE_S, cfg.join_timeout_s))  # who is there?
-    tried: set[str] = set()
-    while time.monotonic() < deadline and not island._stop_asked:
-        others = {p: r for p, r in island.membership.members().items() if p != island.peer_id and p not in tried
-                  and r.state in ("training", "syncing") and (not r.model or r.model == island.fingerprint)}
-        if not others:
-            return  # nobody trains yet: this island starts the run (all islands share the initial weights)
-        best = max(others.values(), key=lambda r: (r.version, r.tokens))
-        if best.version <= outer.state.version:
-            return
-        island.state = "syncing"
-        tried.add(best.peer_id)
+    others = sorted((r for p, r in island.membership.members().items()
+                     if p != island.peer_id and r.state in ("training", "syncing") and r.version > outer.state.version
+                     and (not r.model or r.model == island.fingerprint)),
+                    key=lambda r: (r.version, r.tokens), reverse=True)
+    if not others:
+        return  # nobody trains yet (or nobody is ahead): all islands share the initial weights
+    island.state = "syncing"
+    states = []
+    for rec in others:
+        if len(states) >= JOIN_QUORUM or time.monotonic() >= deadline or island._stop_asked:
+            break
         try:
-            snap = fetch(best.endpoint, island.network, decode=False,
+            snap = fetch(rec.endpoint, island.network, decode=False,
                          timeout=min(island.network.fetch_timeout_s, deadline - time.monotonic()))
-            outer.adopt(partner_state(snap, outer.state.phi.numel(), island.fingerprint, island.run_digest))
+            states.append((rec, partner_state(snap, outer.state.phi.numel(), island.fingerprint, island.run_digest),
+                           snap))
             island.bytes_in += snap.nbytes
-            log.info("joined from %s at version %d (%d bytes in %.1f s)", best.peer_id[:8], snap.version,
-                     snap.nbytes, snap.seconds)
-            return
         except TransportError as e:
-            log.info("could not download the state of %s: %s; trying another member", best.peer_id[:8], e)
-    log.warning("no member's state could be downloaded; starting from the initial weights")
+            log.info("could not download the state of %s: %s; trying another member", rec.peer_id[:8], e)
+    if not states:
+        log.warning("no member's state could be downloaded; starting from the initial weights")
+        return
+    rec, state, snap = _most_central(states, outer.state.phi)
+    outer.adopt(state)
+    log.info("joined from %s at version %d (%d bytes in %.1f s; %d states compared)", rec.peer_id[:8], snap.version,
+             snap.nbytes, snap.seconds, len(states))
+
+
+def _most_central(states: list, initial: torch.Tensor) -> tuple:
+    """The downloaded state with the smallest median distance to the others (ties: closest to `initial`).
+
+    Distances are measured in units of the initial weights' size, the same for every candidate (a
+    poisoned state's own size must not make it look close)."""
+    if len(states) == 1:
+        return states[0]
+    unit = max(norm(initial), 1e-12)
+    far = [[distance(a.phi, b.phi) / unit for _, b, _ in states] for _, a, _ in states]
+
+    def score(i: int) -> tuple[float, float]:
+        spread = statistics.median(far[i][j] for j in range(len(states)) if j != i)
+        return spread, distance(initial, states[i][1].phi) / unit
+
+    best = min(range(len(states)), key=score)
+    for j, (rec, _, _) in enumerate(states):
+        if j != best and far[best][j] > START_BOUND:
+            log.warning("joining: the state of %s is far from the other members'; not adopting it", rec.peer_id[:8])
+    return states[best]

@@ -7,6 +7,7 @@ processes) are measured by `p2p-diloco bench attack` (BENCHMARKS.md).
 """
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -97,3 +98,23 @@ def test_a_resumed_time_bounded_island_keeps_its_learning_rate_schedule():
     trainer.sampler = BatchSampler(torch.randint(0, 256, (4096,), dtype=torch.uint8), 8, 2, seed=0)
     train(ResumedIsland(), trainer, max_seconds=3600, size_by_time=True)
     assert trainer.inner.cfg.total_steps == 777
+
+
+def test_a_joiner_adopts_the_state_the_freshest_members_agree_on():
+    """A member claiming the highest version with a poisoned state does not become every newcomer's start."""
+    from p2p_diloco.peers.state import _most_central
+
+    class S:
+        def __init__(self, phi):
+            self.phi = phi
+
+    def rec(name):
+        return SimpleNamespace(peer_id=name)
+
+    initial = torch.randn(50_000) * 0.02
+    honest = [initial + 0.01 * torch.randn_like(initial) for _ in range(2)]
+    poisoned = initial * 1e6
+    hostile, a, b = (rec("hostile"), S(poisoned), None), (rec("a"), S(honest[0]), None), (rec("b"), S(honest[1]), None)
+    assert _most_central([hostile, a, b], initial)[0].peer_id in ("a", "b")
+    assert _most_central([hostile, a], initial)[0].peer_id == "a"  # two: the one closer to the initial weights
+    assert _most_central([a], initial)[0].peer_id == "a"
