@@ -114,12 +114,6 @@ class OuterLoop:
                 mix_counters_(s, partner, a)
         s.version += 1
 
-    def published(self) -> PartnerState:
-        """An immutable copy of the state partners may fetch now."""
-        s = self.state
-        return PartnerState(phi=s.phi.clone(), m=s.m.clone(), delta=None if s.delta is None else s.delta.clone(),
-                            version=s.version, tokens=s.tokens, peer=self.name)
-
     @torch.no_grad()
     def adopt(self, snapshot: PartnerState) -> None:
         """Start from a partner's state (a joiner never starts from random weights in a running swarm).
