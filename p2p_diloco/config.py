@@ -33,6 +33,8 @@ DEVICES_HELP = "auto|cpu|cuda|cuda:N|mps"
 DEVICE_RE = r"^(auto|cpu|mps|cuda(:\d+)?)$"
 """Syntax of a `--device` value (checked by `TrainConfig`, torch-free)."""
 PRECISIONS = ("fp32", "bf16")
+POISONS = ("nan", "scale", "random", "other-run")
+"""What a hostile test double publishes (`join --poison`, `p2p_diloco.peers.poison`)."""
 """Precisions of the inner forward and backward pass (`p2p_diloco.core.device.autocast`)."""
 MODEL_PRESETS: dict[str, dict[str, int]] = {
     # ~0.84M parameters: tests and CPU demos
@@ -366,7 +368,6 @@ class IslandConfig:
             _require((v is None and name.startswith("max_")) or (not isinstance(v, bool) and v > 0), s, name,
                      "> 0" + (" or unset" if name.startswith("max_") else ""), v)
         _require(0 <= self.port <= 65535, s, "port", "in [0, 65535]", self.port)
-        _require(self.poison in (None, "nan", "scale", "random", "other-run"), s, "poison",
-                 "unset, nan, scale, random or other-run", self.poison)
+        _require(self.poison in (None, *POISONS), s, "poison", f"unset or one of {POISONS}", self.poison)
         _require(0.0 <= self.same_version_wait <= 1.0 and 0.0 <= self.max_stretch <= 1.0, s,
                  "same_version_wait/max_stretch", "in [0, 1]", (self.same_version_wait, self.max_stretch))

@@ -39,7 +39,7 @@ class DivergenceGuard:
         self.bad_in_a_row = 0
         self.rollbacks = 0
 
-    def after_step(self, loss: Any) -> bool:
+    def after_step(self, loss: float | None) -> bool:
         """Account for one inner step's loss; True when the island was rolled back."""
         if loss is None or math.isfinite(float(loss)):
             self.bad_in_a_row = 0

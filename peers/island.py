@@ -116,7 +116,7 @@ class SwarmIsland(RoundsMixin):
         self._started = self._closed = False
         self._t0: float | None = None
         self._returned_at = 0.0
-        self._loss: Any = None
+        self._loss: float | None = None
         self._rnd: Round | None = None
 
     # -- the user's side -------------------------------------------------------------------------
@@ -145,8 +145,6 @@ class SwarmIsland(RoundsMixin):
     def last_loss(self) -> float | None:
         """The loss last passed to `step()`, as a float; None while it is not finite (a record
         carries finite numbers only)."""
-        if isinstance(self._loss, torch.Tensor):
-            self._loss = float(self._loss.float().item())
         return self._loss if self._loss is None or math.isfinite(self._loss) else None
 
     def share(self, value: int) -> int:
@@ -188,7 +186,9 @@ class SwarmIsland(RoundsMixin):
     def step(self, loss: Any = None, tokens: int | None = None) -> None:
         """Call after each inner optimizer step: round bookkeeping, mixing and gossip (see the module docstring).
 
-        `loss` (a float or a tensor, read lazily) is what the dashboard shows; `tokens` those the
+        `loss` (a float or a tensor) is what the dashboard shows and what the divergence guard
+        checks (a tensor is read every step: one device sync, the price of noticing a non-finite
+        loss at the step it happens); `tokens` those the
         step trained on on this process (default `tokens_per_step`), counted for the budget and
         for token-weighted mixing.
         """
@@ -201,7 +201,7 @@ class SwarmIsland(RoundsMixin):
         rnd.compute_s += now - self._returned_at
         self.inner_seconds += now - self._returned_at
         if loss is not None:
-            self._loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
+            self._loss = float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
             self.guard.after_step(self._loss)
         self.outer.round_steps += 1
         rnd.tokens += (self.tokens_per_step if tokens is None else tokens) * self.world

@@ -18,10 +18,11 @@ from typing import Any
 
 import torch
 
+from p2p_diloco.config import POISONS
 from p2p_diloco.core import codecs
 
 log = logging.getLogger(__name__)
-KINDS = ("nan", "scale", "random", "other-run")
+KINDS = POISONS
 
 
 def poison(island: Any, kind: str) -> None:

@@ -108,10 +108,14 @@ def _most_central(states: list, initial: torch.Tensor) -> tuple:
     if len(states) == 1:
         return states[0]
     unit = max(norm(initial), 1e-12)
-    far = [[distance(a.phi, b.phi) / unit for _, b, _ in states] for _, a, _ in states]
+    n = len(states)
+    far = [[0.0] * n for _ in range(n)]
+    for i in range(n):  # symmetric: each pair once
+        for j in range(i + 1, n):
+            far[i][j] = far[j][i] = distance(states[i][1].phi, states[j][1].phi) / unit
 
     def score(i: int) -> tuple[float, float]:
-        spread = statistics.median(far[i][j] for j in range(len(states)) if j != i)
+        spread = statistics.median(far[i][j] for j in range(n) if j != i)
         return spread, distance(initial, states[i][1].phi) / unit
 
     best = min(range(len(states)), key=score)

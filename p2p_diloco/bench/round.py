@@ -199,7 +199,7 @@ def one_round(outer: Any, publisher: Any, endpoint: str, network: Any, fp: str, 
     mark("publish", _timed(publisher.publish)[1])
     snap, s = _timed(lambda: fetch_encoded(endpoint, network))
     mark("fetch", s)
-    weight, s = _timed(lambda: outer.mix_arrived(partner_state(snap, numel, fp)))
+    weight, s = _timed(lambda snap=snap: outer.mix_arrived(partner_state(snap, numel, fp)))
     assert weight > 0, "the partner must be mixed, or mix_s would time nothing"
     del snap  # mixed: the island keeps nothing of it
     mark("mix", s)

@@ -9,7 +9,7 @@ import click
 
 from p2p_diloco.bench.round import DEFAULT_PARAMS
 from p2p_diloco.cli.options import codec_option, csv, user_errors
-from p2p_diloco.config import DiLoCoConfig
+from p2p_diloco.config import POISONS, DiLoCoConfig
 from p2p_diloco.sim.config import SimConfig
 
 
@@ -126,7 +126,7 @@ def _round_table(rows: list[dict]) -> None:
 
 
 @bench.command("attack")
-@click.option("--kinds", default="nan,scale,random,other-run", show_default=True, callback=csv(str),
+@click.option("--kinds", default=",".join(POISONS), show_default=True, callback=csv(str),
               help="Poisons the hostile island publishes, one swarm each (nan, scale, random, other-run).")
 @click.option("--honest", type=click.IntRange(2, 8), default=3, show_default=True, help="Honest islands.")
 @click.option("--tokens", type=click.IntRange(min=1), default=368_640, show_default=True,
@@ -136,11 +136,9 @@ def _round_table(rows: list[dict]) -> None:
 def bench_attack(kinds, honest, tokens, workdir, as_json) -> None:
     """Honest islands with one hostile member (a test double) against the same swarm without it."""
     from p2p_diloco.bench.attack import run_bench_attack
-    from p2p_diloco.peers.poison import KINDS
-
-    unknown = sorted(set(kinds) - set(KINDS))
+    unknown = sorted(set(kinds) - set(POISONS))
     if unknown:
-        raise click.BadParameter(f"unknown {', '.join(unknown)}; choose from {', '.join(KINDS)}", param_hint="--kinds")
+        raise click.BadParameter(f"unknown {', '.join(unknown)}; choose from {', '.join(POISONS)}", param_hint="--kinds")
     with user_errors():
         out = run_bench_attack(tuple(kinds), honest, tokens, workdir=Path(workdir) if workdir else None)
     if as_json:

@@ -13,7 +13,7 @@ from p2p_diloco.cli.options import (
     build_configs, device_options, diloco_options, discovery_config, discovery_options, model_options, network_config,
     network_options, swarm_secret, user_errors
 )
-from p2p_diloco.config import DiLoCoConfig, IslandConfig, TrainConfig
+from p2p_diloco.config import POISONS, DiLoCoConfig, IslandConfig, TrainConfig
 
 I = IslandConfig
 
@@ -54,7 +54,7 @@ I = IslandConfig
 @click.option("--json", "as_json", is_flag=True, help="Print the island's summary as JSON at exit.")
 @click.option("--slowdown", type=click.FloatRange(min=1.0), default=I.slowdown, hidden=True,
               help="Fault injection: run this many times slower than the machine allows.")
-@click.option("--poison", type=click.Choice(["nan", "scale", "random", "other-run"]), default=I.poison, hidden=True,
+@click.option("--poison", type=click.Choice(POISONS), default=I.poison, hidden=True,
               help="Fault injection: a hostile member that publishes poisoned states (a test double).")
 def join(**kw) -> None:
     """Start an island: find the swarm, train rounds, gossip with partners, checkpoint."""
