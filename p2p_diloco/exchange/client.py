@@ -11,6 +11,9 @@ Failures raise a `TransportError` subclass and never return a partial state: `Tr
 (nothing heard for `timeout` seconds), `ConnectionLost` (the peer dropped mid-exchange),
 `VersionGone` (the snapshot was replaced and evicted), `AuthRefused` (secret handshake failed),
 `ProtocolMismatch` (other major version), `BadPayload`/`ProtocolError` (the peer broke the rules).
+
+`push` (protocol 1.1) sends this side's own snapshot over the same connection, for an island that
+nobody can dial (`push.py` has the receiving side).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import logging
 import math
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,19 +99,20 @@ class _Transfer:
     def collect_done(self) -> None:
         """Take the results of the checks that have finished (raises what a failed one found)."""
         while self.verifying and self.verifying[0].done():
-            _checked(self.verifying.popleft())
+            self.verifying.popleft().result()  # raises BadPayload if the chunk failed its check
 
     def collect_down_to(self, backlog: int) -> None:
         """Wait for the oldest checks until at most `backlog` are still running."""
         while len(self.verifying) > backlog:
-            _checked(self.verifying.popleft())
+            self.verifying.popleft().result()
 
 
 class Fetcher:
     """A connection to one peer's snapshot server; reuse it to fetch from that peer repeatedly."""
 
-    def __init__(self, endpoint: str, config: NetworkConfig | None = None) -> None:
-        self.endpoint = endpoint
+    def __init__(self, endpoint: str, config: NetworkConfig | None = None, peer: str | None = None) -> None:
+        """`peer`: fetch that peer's state from a relay at `endpoint` instead of the server's own."""
+        self.endpoint, self.peer = endpoint, peer
         self.config = config or NetworkConfig()
         self._rid = 0
         self._up = False
@@ -143,7 +147,7 @@ class Fetcher:
         self._drain_monitor(busy=False)
         first = self._rid + 1
         t0 = time.monotonic()
-        hello = wire.Hello(rid=self._next_rid())
+        hello = wire.Hello(rid=self._next_rid(), peer=self.peer)
         self._send(hello)
         m = self._await_manifest(first, timeout, t0)
         flowcontrol.remember(self.endpoint, _with_rtt(flowcontrol.remembered(self.endpoint), time.monotonic() - t0))
@@ -163,7 +167,7 @@ class Fetcher:
                                            prior=flowcontrol.remembered(self.endpoint))
         first, t0 = self._rid + 1, time.monotonic()
         hello = wire.Hello(rid=self._next_rid(), prefetch=ctl.window_bytes(wire.MIN_CHUNK),
-                           chunk=ctl.chunk_bytes(wire.MIN_CHUNK))
+                           chunk=ctl.chunk_bytes(wire.MIN_CHUNK), peer=self.peer)
         self._send(hello)
         m = self._await_manifest(first, timeout, t0)
         ctl.on_rtt(time.monotonic() - t0)
@@ -222,6 +226,34 @@ class Fetcher:
         return Snapshot(tensors=asm.result(), version=m.version, tokens=m.tokens, meta=dict(m.meta),
                         nbytes=m.total, seconds=seconds, endpoint=self.endpoint, stats=stats, manifest=m)
 
+    def push(self, manifest: wire.Manifest, payload: memoryview, timeout: float | None = None) -> int:
+        """Deliver our own snapshot (`manifest` and its payload bytes) to the peer; the bytes sent.
+
+        Puts of whole blocks go out as fast as the peer's grants allow; returns once the peer has
+        checked the whole state (`stored`), raises `TransportError` (its subclass per error code) if
+        it refuses the push or goes quiet for `timeout` seconds.
+        """
+        timeout = timeout or self.config.fetch_timeout_s
+        self._drain_monitor(busy=False)
+        first = rid = self._next_rid()
+        self._send(wire.PushOffer(rid=rid, manifest=manifest))
+        sent = granted = 0
+        step = wire.MAX_PUT - wire.MAX_PUT % manifest.block  # whole blocks (the receiver checks them so)
+        stall = time.monotonic() + timeout
+        while True:
+            while sent < granted:
+                n = min(step, granted - sent)
+                self._send(wire.PushPut(rid=rid, sid=manifest.sid, offset=sent, length=n, payload=payload[sent:sent + n]))
+                sent += n
+            reply = self._wait(stall, manifest, first, timeout)
+            if reply.rid < first:
+                continue
+            if isinstance(reply, wire.PushStored) and sent == manifest.total:
+                return sent
+            if not isinstance(reply, wire.PushGrant) or reply.sid != manifest.sid or reply.upto > manifest.total:
+                raise ProtocolError(f"{self.endpoint} answered a push with {reply!r:.80}")
+            granted, stall = max(granted, reply.upto), time.monotonic() + timeout
+
     def close(self) -> None:
         self._pacer.clear()
         if self._pool is not None:
@@ -256,7 +288,7 @@ class Fetcher:
         self._rid += 1
         return self._rid
 
-    def _send(self, msg: wire.Hello | wire.GetChunk) -> None:
+    def _send(self, msg: wire.Request) -> None:
         frames = wire.encode(msg)
         if self._pacer.active:
             self._pacer.schedule(sum(len(f) for f in frames), frames)
@@ -318,9 +350,11 @@ class Fetcher:
         if e.code == "version":
             raise ProtocolMismatch(f"{where} refused our protocol version: {e.message}")
         if e.code == "no_snapshot":
-            raise TransportError(f"{where} has not published a snapshot yet")
+            raise TransportError(f"{where} has no snapshot to give: {e.message}")
         if e.code == "busy":
             raise TransportError(f"{where} is busy: {e.message}")
+        if e.code == "refused":
+            raise TransportError(f"{where} refused our push: {e.message}")
         raise ProtocolError(f"{where} rejected our request ({e.code}): {e.message}")
 
     def _drain_monitor(self, busy: bool) -> None:
@@ -341,11 +375,6 @@ class Fetcher:
                 was_up, self._up = self._up, False
                 if busy and was_up:
                     raise ConnectionLost(f"{self.endpoint} closed the connection mid-exchange")
-
-
-def _checked(job: Future) -> None:
-    """Wait for one chunk's verification (raising `BadPayload` if it failed)."""
-    job.result()
 
 
 def _with_rtt(prior: flowcontrol.LinkEstimate | None, rtt: float) -> flowcontrol.LinkEstimate | None:

@@ -102,6 +102,12 @@ class Assembler:
     def done(self) -> bool:
         return self.received == self.manifest.total
 
+    @property
+    def raw(self) -> torch.Tensor:
+        """The payload's bytes as they arrived (`keep_encoded` only): what a relay serves on."""
+        assert self.keep_encoded, "the bytes are kept only with keep_encoded"
+        return self._raw
+
     def accept(self, offset: int, payload: Any) -> None:
         """Check and decode the chunk `[offset, offset + len(payload))`; raise `BadPayload` if bad."""
         self.verify(offset, payload)

@@ -7,7 +7,10 @@ on the network; `publish()` swaps in a new snapshot atomically and keeps the pre
 socket (`MAXMSGSIZE`) before it is parsed; a bad one gets an ERROR reply and a logged reason, and
 the server carries on. Payload chunks are zero-copy slices of the snapshot buffer.
 
-The fetching side (DEALER) lives in `client.py`.
+The fetching side (DEALER) lives in `client.py`. Protocol 1.1 adds pushes (`push.py`): an island
+that nobody can dial delivers its snapshot over the connection it opened to fetch; the server takes
+it when its `pushes` policy admits it (`push.PushPolicy`). A relay (`relay=True`, on the bootstrap node) takes any
+member's push and serves the latest of each to fetchers that name the peer in their HELLO.
 
 Swarm secret: the server demands CURVE with keys derived from the secret, and a ZAP handler admits
 only the derived client key (see `sockets.py`): a peer without the secret can neither read state
@@ -34,11 +37,17 @@ from p2p_diloco.config import NetworkConfig
 from p2p_diloco.errors import ProtocolError, ProtocolMismatch, TransportError
 from p2p_diloco.exchange import payload, wire
 from p2p_diloco.exchange.linkemu import Pacer, link_rate
+from p2p_diloco.exchange.push import NoPushes, Pushed, PushPolicy, PushReceiver, PushRefused
 from p2p_diloco.exchange.sockets import (
     HANDSHAKE_FAILED, ZAP_DOMAIN, AllowClientKey, RateLimitedLog, swarm_keys, tcp_bind_address
 )
 
 log = logging.getLogger(__name__)
+RCVHWM = 64
+"""Requests queued per connection before ZeroMQ stops reading it (TCP back-pressure, nothing
+dropped): with pushes a frame may hold 1 MiB, so this bounds a connection's queue to 64 MiB."""
+RELAY_MAX_PEERS = 64
+"""A relay keeps the latest pushed state of at most this many peers (the least recently pushed goes)."""
 
 
 @dataclass(frozen=True)
@@ -52,8 +61,12 @@ class SnapshotServer:
     """Serves this island's latest snapshot to any number of fetchers, from a background thread."""
 
     def __init__(self, bind: str = "tcp://127.0.0.1:0", config: NetworkConfig | None = None, *,
-                 announce_host: str | None = None) -> None:
+                 announce_host: str | None = None, pushes: PushPolicy | None = None, relay: bool = False) -> None:
         self.config = config or NetworkConfig()
+        self.relay = relay
+        self._relayed: dict[str, _Published] = {}  # peer id -> its latest pushed snapshot (a relay)
+        policy = _RelayPolicy(self) if relay else pushes or NoPushes()
+        self._push = PushReceiver(policy, require_hello=not relay, max_state_bytes=self.config.max_state_bytes)
         self._ctx = zmq.Context(io_threads=1)
         self._auth: zmq.auth.thread.ThreadAuthenticator | None = None
         self._lock = threading.Lock()
@@ -68,9 +81,9 @@ class SnapshotServer:
         try:
             self._sock = self._ctx.socket(zmq.ROUTER)
             self._sock.linger = 0
-            self._sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_REQUEST_BYTES + wire.FRAME_OVERHEAD)
+            self._sock.setsockopt(zmq.MAXMSGSIZE, max(wire.MAX_OFFER_BYTES, wire.MAX_PUT) + wire.FRAME_OVERHEAD)
             self._sock.router_mandatory = 1  # sending to a peer that left raises, so its backlog can go
-            self._sock.rcvhwm = 4 * wire.MAX_INFLIGHT
+            self._sock.rcvhwm = RCVHWM
             self._sock.sndhwm = 4 * wire.MAX_INFLIGHT
             if self.config.secret is not None:
                 keys = swarm_keys(self.config.secret)
@@ -126,7 +139,17 @@ class SnapshotServer:
             recent = sum(n for t, n in self._sent_log if now - t <= 2.0)
         out["upload_bytes_per_s"] = recent / 2.0
         out["version"] = self._latest.manifest.version if self._latest else None
+        out.update(self._push.stats)
         return out
+
+    def latest(self) -> tuple[wire.Manifest, memoryview] | None:
+        """The snapshot served now and its payload bytes (what this island pushes to a partner), or None."""
+        snap = self._latest
+        return None if snap is None else (snap.manifest, snap.view)
+
+    def relayed(self) -> dict[str, int]:
+        """A relay's held states: peer id -> version."""
+        return {peer: snap.manifest.version for peer, snap in dict(self._relayed).items()}
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop serving; pending replies are dropped. Safe to call twice."""
@@ -204,11 +227,14 @@ class SnapshotServer:
             self._stats["auth_refused"] += 1
         self._reject("auth", "refused a connection: %s", reason)
 
-    def _reply(self, ident: bytes, msg: Any) -> None:
+    def _reply(self, ident: bytes, msg: Any, charge: int = 0) -> None:
+        """Send now, or when link emulation or the upload cap lets it go; `charge` counts bytes the
+        message lets a pusher send against the upload cap (a grant), so pushes share it."""
         frames = wire.encode(msg)
         nbytes = sum(memoryview(f).nbytes for f in frames)
         if self._pacer.active:
-            self._pacer.schedule(nbytes, (ident, frames, nbytes), flow=ident)
+            cost = nbytes + (charge if self.config.max_upload_mbps else 0)
+            self._pacer.schedule(cost, (ident, frames, nbytes), flow=ident)
         else:
             self._send(ident, frames, nbytes)
 
@@ -252,20 +278,45 @@ class SnapshotServer:
                         f"{wire.PROTOCOL_VERSION[0]}.{wire.PROTOCOL_VERSION[1]}, request was "
                         f"{'.'.join(map(str, getattr(e, 'peer_version', ('?', '?'))))}", peer)
             return
-        except ProtocolError as e:
-            self._error(ident, 0, "bad_request", str(e), peer)
+        except ProtocolError as e:  # the rid is echoed whenever it could be read
+            self._error(ident, getattr(e, "rid", 0), "bad_request", str(e), peer)
             return
         if self._pacer.held(ident) >= wire.MAX_INFLIGHT + 8:  # slack for the manifest and errors
             self._error(ident, req.rid, "busy", f"more than {wire.MAX_INFLIGHT} requests outstanding", peer)
         elif isinstance(req, wire.Hello):
             self._hello(ident, req, peer)
-        else:
+        elif isinstance(req, wire.GetChunk):
             self._get(ident, req, peer)
+        else:
+            self._pushed(ident, req, peer)
+
+    def _pushed(self, ident: bytes, req: wire.PushOffer | wire.PushPut, peer: str) -> None:
+        try:
+            if isinstance(req, wire.PushOffer):
+                reply, charge = self._push.offer(ident, req, peer, time.monotonic())
+            else:
+                reply, charge = self._push.put(ident, req, time.monotonic())
+        except PushRefused as e:
+            self._error(ident, req.rid, e.code, str(e), peer)
+            return
+        if reply is not None:
+            self._reply(ident, reply, charge)
+
+    def _relay_store(self, peer: str, pushed: Pushed) -> None:
+        """A relay keeps each peer's latest pushed state, as it arrived, to serve it on."""
+        relayed = dict(self._relayed)
+        relayed.pop(peer, None)
+        relayed[peer] = _Published(manifest=pushed.manifest, view=memoryview(pushed.raw.numpy()), buf=pushed.raw)
+        while len(relayed) > RELAY_MAX_PEERS:
+            relayed.pop(next(iter(relayed)))
+        self._relayed = relayed
 
     def _hello(self, ident: bytes, req: wire.Hello, peer: str) -> None:
-        snap = self._latest
+        self._push.saw_hello(ident, time.monotonic())
+        snap = self._latest if req.peer is None else self._relayed.get(req.peer)
         if snap is None:
-            self._error(ident, req.rid, "no_snapshot", "nothing published yet", peer)
+            what = "nothing published yet" if req.peer is None else f"no state of peer {req.peer[:20]} relayed here"
+            self._error(ident, req.rid, "no_snapshot", what, peer)
             return
         with self._lock:
             self._stats["manifests_served"] += 1
@@ -275,7 +326,8 @@ class SnapshotServer:
             self._chunk(ident, snap, req.rid, off, length)
 
     def _get(self, ident: bytes, req: wire.GetChunk, peer: str) -> None:
-        snap = self._snapshots.get(req.sid)
+        snap = self._snapshots.get(req.sid) or next((r for r in self._relayed.values() if r.manifest.sid == req.sid),
+                                                    None)
         if snap is None:
             latest = self._latest
             self._error(ident, req.rid, "gone", f"snapshot {req.sid} is no longer served"
@@ -296,3 +348,19 @@ class SnapshotServer:
                                            payload=snap.view[off : off + length]))
 
 
+class _RelayPolicy:
+    """A relay takes any member's push (the swarm secret, when set, already admitted the connection)
+    that names its peer id, and keeps the latest of each."""
+
+    def __init__(self, server: SnapshotServer) -> None:
+        self.server = server
+
+    def admit(self, manifest: wire.Manifest) -> tuple[str, str] | None:
+        peer = manifest.meta.get("peer_id")
+        return None if isinstance(peer, str) and peer else ("refused", "a relayed state must name its peer_id in meta")
+
+    def stored(self, pushed: Pushed) -> None:
+        self.server._relay_store(pushed.manifest.meta["peer_id"], pushed)
+
+    def dropped(self, manifest: wire.Manifest) -> None:
+        pass

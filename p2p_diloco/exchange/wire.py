@@ -10,76 +10,24 @@ raise `ProtocolError` (`ProtocolMismatch` for another major version) on anything
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
-from p2p_diloco.core.codecs import CODECS, encoded_nbytes
 from p2p_diloco.errors import ProtocolError, ProtocolMismatch
+from p2p_diloco.exchange.manifest import (  # noqa: F401  (re-exported: the protocol's names live in `wire`)
+    ALIGN, DIGEST, DIGEST_SIZE, DTYPE, ERROR_CODES, FRAME_OVERHEAD, MAX_BLOCKS, MAX_CHUNK, MAX_DIMS, MAX_INFLIGHT,
+    MAX_INT, MAX_MANIFEST_BYTES, MAX_META_BYTES, MAX_META_ITEMS, MAX_META_KEY, MAX_META_STR, MAX_NAME,
+    MAX_OFFER_BYTES, MAX_PUT, MAX_REPLY_HEADER_BYTES, MAX_REQUEST_BYTES, MAX_TENSORS, MIN_CHUNK, KiB, Manifest,
+    MiB, TensorSpec, align_up, check_meta, choose_block, int_field, manifest_from_wire, manifest_to_wire, typed_field
+)
 
-PROTOCOL_VERSION = (1, 0)
-"""(major, minor): a different major is refused; a newer minor may add optional fields."""
-
-KiB, MiB = 1024, 1024 * 1024
-MAX_REQUEST_BYTES = 4 * KiB  # a request is one small header frame
-MAX_REPLY_HEADER_BYTES = 4 * KiB  # header frame of a CHUNK or ERROR reply
-MAX_MANIFEST_BYTES = 4 * MiB  # header frame of a MANIFEST reply
-MIN_CHUNK, MAX_CHUNK = 64 * KiB, 8 * MiB  # bounds of one CHUNK payload (and of the digest block)
-MAX_INFLIGHT = 256  # chunk requests a client may have outstanding on one connection
-MAX_BLOCKS = 65536  # digest blocks per snapshot (the block grows with the state to stay under)
-MAX_TENSORS, MAX_NAME, MAX_DIMS = 64, 128, 8
-MAX_META_ITEMS, MAX_META_KEY, MAX_META_STR, MAX_META_BYTES = 64, 64, 1024, 16 * KiB
-MAX_INT = 2**63 - 1
-FRAME_OVERHEAD = 1024  # socket-level slack over these limits: CurveZMQ adds a box header and a MAC per frame
-ALIGN = 64  # every tensor starts at a multiple of this many bytes in the payload
-DIGEST, DIGEST_SIZE = "xxh3-128", 16
-DTYPE = "float32"  # what every tensor decodes to, whatever codec carried it
-
-ERROR_CODES = ("version", "bad_request", "no_snapshot", "gone", "busy")
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """Where one named tensor lies in the snapshot payload and how it is encoded."""
-
-    name: str
-    shape: tuple[int, ...]
-    codec: str
-    offset: int
-    nbytes: int
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """Everything a fetcher needs before the payload: layout, version, tokens, metadata, digests."""
-
-    sid: int  # random id of this immutable snapshot (versions may repeat after a restart)
-    version: int
-    tokens: int
-    meta: dict[str, Any]
-    tensors: tuple[TensorSpec, ...]
-    total: int  # payload bytes
-    block: int  # digest granularity; chunk offsets and lengths are multiples of it
-    digests: bytes  # XXH3-128 of each block, DIGEST_SIZE bytes each, in order
-
-    @property
-    def n_blocks(self) -> int:
-        return -(-self.total // self.block)
-
-    @property
-    def state_bytes(self) -> int:
-        """Bytes of the decoded fp32 tensors (what the fetcher must allocate)."""
-        return sum(4 * t.numel for t in self.tensors)
-
-    def digest(self, i: int) -> bytes:
-        return self.digests[i * DIGEST_SIZE : (i + 1) * DIGEST_SIZE]
+PROTOCOL_VERSION = (1, 1)
+"""(major, minor): a different major is refused; a newer minor may add optional fields and messages
+(1.1: `push`/`put` from a client that cannot be dialled, answered by `grant`/`stored`; `hello.peer`
+for a relay)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +37,7 @@ class Hello:
     rid: int
     prefetch: int = 0  # payload bytes the server should start sending right after the manifest
     chunk: int = 0  # chunk length for the prefetch (a multiple of the block, >= MIN_CHUNK)
+    peer: str | None = None  # 1.1, relays only: whose relayed state (a peer id); None: the server's own
 
 
 @dataclass(frozen=True)
@@ -99,6 +48,26 @@ class GetChunk:
     sid: int
     offset: int
     length: int
+
+
+@dataclass(frozen=True)
+class PushOffer:
+    """Client -> server (1.1): "take my state": a client nobody can dial offers its snapshot over the
+    connection it opened; the server answers GRANTs (or an ERROR) and pulls nothing itself."""
+
+    rid: int
+    manifest: Manifest
+
+
+@dataclass(frozen=True)
+class PushPut:
+    """Client -> server (1.1): bytes `[offset, offset + length)` of the offered snapshot, within a grant."""
+
+    rid: int
+    sid: int
+    offset: int
+    length: int
+    payload: Any = field(default=b"", repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -117,6 +86,23 @@ class ChunkReply:
 
 
 @dataclass(frozen=True)
+class PushGrant:
+    """Server -> client (1.1): the pusher may send its payload up to byte `upto` (flow control)."""
+
+    rid: int
+    sid: int
+    upto: int
+
+
+@dataclass(frozen=True)
+class PushStored:
+    """Server -> client (1.1): the pushed snapshot arrived whole and passed every check."""
+
+    rid: int
+    sid: int
+
+
+@dataclass(frozen=True)
 class ErrorReply:
     rid: int
     code: str
@@ -124,22 +110,8 @@ class ErrorReply:
     version: int | None = None  # the server's current snapshot version, when it has one
 
 
-Request = Hello | GetChunk
-Reply = ManifestReply | ChunkReply | ErrorReply
-
-
-def align_up(n: int, a: int = ALIGN) -> int:
-    return -(-n // a) * a
-
-
-def choose_block(total: int) -> int:
-    """The smallest power-of-two block >= MIN_CHUNK that keeps the digest list under MAX_BLOCKS."""
-    block = MIN_CHUNK
-    while -(-total // block) > MAX_BLOCKS:
-        block *= 2
-        if block > MAX_CHUNK:
-            raise ProtocolError(f"a snapshot of {total} bytes exceeds the protocol limit")
-    return block
+Request = Hello | GetChunk | PushOffer | PushPut
+Reply = ManifestReply | ChunkReply | PushGrant | PushStored | ErrorReply
 
 
 def prefetch_plan(total: int, block: int, prefetch: int, chunk: int) -> list[tuple[int, int]]:
@@ -155,97 +127,6 @@ def prefetch_plan(total: int, block: int, prefetch: int, chunk: int) -> list[tup
     return [(off, min(c, total - off)) for off in range(0, stop, c)][:MAX_INFLIGHT]
 
 
-def check_meta(meta: Any) -> dict[str, Any]:
-    """Validate snapshot metadata: a small flat map of str -> str/int/float/bool."""
-    if not isinstance(meta, dict):
-        raise ProtocolError(f"meta must be a map, got {type(meta).__name__}")
-    if len(meta) > MAX_META_ITEMS:
-        raise ProtocolError(f"meta has {len(meta)} items, limit {MAX_META_ITEMS}")
-    for k, v in meta.items():
-        if not isinstance(k, str) or not 0 < len(k) <= MAX_META_KEY:
-            raise ProtocolError(f"meta key {k!r} must be a str of 1..{MAX_META_KEY} characters")
-        ok = isinstance(v, (bool, float)) or (isinstance(v, int) and -MAX_INT - 1 <= v <= MAX_INT)
-        ok = ok or (isinstance(v, str) and len(v) <= MAX_META_STR)
-        if not ok:
-            raise ProtocolError(f"meta[{k!r}] must be a str (<= {MAX_META_STR} chars), int, float or bool")
-    if len(msgpack.packb(meta)) > MAX_META_BYTES:
-        raise ProtocolError(f"meta is larger than {MAX_META_BYTES} bytes packed")
-    return dict(meta)
-
-
-def manifest_to_wire(m: Manifest) -> dict[str, Any]:
-    return {
-        "sid": m.sid, "version": m.version, "tokens": m.tokens, "meta": m.meta, "total": m.total,
-        "block": m.block, "digest": DIGEST, "digests": m.digests,
-        "tensors": [{"name": t.name, "shape": list(t.shape), "dtype": DTYPE, "codec": t.codec,
-                     "offset": t.offset, "nbytes": t.nbytes} for t in m.tensors],
-    }
-
-
-def _get(d: Any, key: str, kind: type | tuple[type, ...], what: str) -> Any:
-    if not isinstance(d, dict) or key not in d:
-        raise ProtocolError(f"{what}: missing field {key!r}")
-    v = d[key]
-    if not isinstance(v, kind) or (isinstance(v, bool) and kind is not bool):
-        raise ProtocolError(f"{what}: field {key!r} has type {type(v).__name__}")
-    return v
-
-
-def _int(d: Any, key: str, what: str, lo: int = 0, hi: int = MAX_INT) -> int:
-    v = _get(d, key, int, what)
-    if not lo <= v <= hi:
-        raise ProtocolError(f"{what}: {key}={v} outside [{lo}, {hi}]")
-    return v
-
-
-def manifest_from_wire(d: Any) -> Manifest:
-    """Build and check a manifest: packing rule, sizes per codec, digest count, limits."""
-    w = "manifest"
-    if _get(d, "digest", str, w) != DIGEST:
-        raise ProtocolError(f"manifest digest {d['digest']!r} is not {DIGEST!r}")
-    block = _int(d, "block", w, MIN_CHUNK, MAX_CHUNK)
-    if block & (block - 1):
-        raise ProtocolError(f"manifest block {block} is not a power of two")
-    raw = _get(d, "tensors", list, w)
-    if len(raw) > MAX_TENSORS:
-        raise ProtocolError(f"manifest lists {len(raw)} tensors, limit {MAX_TENSORS}")
-    specs, end, names = [], 0, set()
-    for i, t in enumerate(raw):
-        tw = f"manifest tensor {i}"
-        name = _get(t, "name", str, tw)
-        if not 0 < len(name) <= MAX_NAME or name in names:
-            raise ProtocolError(f"{tw}: name {name[:MAX_NAME]!r} empty, too long or repeated")
-        names.add(name)
-        shape = _get(t, "shape", list, tw)
-        if len(shape) > MAX_DIMS or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**40 for s in shape):
-            raise ProtocolError(f"{tw}: bad shape {shape[:MAX_DIMS]}")
-        if _get(t, "dtype", str, tw) != DTYPE:
-            raise ProtocolError(f"{tw}: dtype must be {DTYPE!r}")
-        codec = _get(t, "codec", str, tw)
-        if codec not in CODECS:
-            raise ProtocolError(f"{tw}: unknown codec {codec!r}")
-        numel = math.prod(shape)
-        if numel >= 2**40:
-            raise ProtocolError(f"{tw}: {numel} elements is over the limit")
-        offset, nbytes = _int(t, "offset", tw), _int(t, "nbytes", tw)
-        if offset != align_up(end) or nbytes != encoded_nbytes(numel, codec):
-            raise ProtocolError(f"{tw}: offset {offset}/nbytes {nbytes} break the packing rule "
-                                f"(expected {align_up(end)}/{encoded_nbytes(numel, codec)})")
-        specs.append(TensorSpec(name=name, shape=tuple(shape), codec=codec, offset=offset, nbytes=nbytes))
-        end = offset + nbytes
-    total = _int(d, "total", w)
-    if total != end:
-        raise ProtocolError(f"manifest total {total} != end of last tensor {end}")
-    if -(-total // block) > MAX_BLOCKS:
-        raise ProtocolError(f"manifest has more than {MAX_BLOCKS} blocks")
-    digests = _get(d, "digests", bytes, w)
-    if len(digests) != DIGEST_SIZE * -(-total // block):
-        raise ProtocolError(f"manifest has {len(digests)} digest bytes for {-(-total // block)} blocks")
-    return Manifest(sid=_int(d, "sid", w, 1), version=_int(d, "version", w), tokens=_int(d, "tokens", w),
-                    meta=check_meta(_get(d, "meta", dict, w)), tensors=tuple(specs), total=total,
-                    block=block, digests=digests)
-
-
 def _header(t: str, **fields: Any) -> bytes:
     return msgpack.packb({"v": list(PROTOCOL_VERSION), "t": t, **fields}, use_bin_type=True)
 
@@ -253,9 +134,18 @@ def _header(t: str, **fields: Any) -> bytes:
 def encode(msg: Request | Reply) -> list[Any]:
     """Frames for one message: `[header]` or `[header, payload]` (payload left as given, zero-copy)."""
     if isinstance(msg, Hello):
-        return [_header("hello", rid=msg.rid, prefetch=msg.prefetch, chunk=msg.chunk)]
+        peer = {} if msg.peer is None else {"peer": msg.peer}
+        return [_header("hello", rid=msg.rid, prefetch=msg.prefetch, chunk=msg.chunk, **peer)]
     if isinstance(msg, GetChunk):
         return [_header("get", rid=msg.rid, sid=msg.sid, off=msg.offset, len=msg.length)]
+    if isinstance(msg, PushOffer):
+        return [_header("push", rid=msg.rid, manifest=manifest_to_wire(msg.manifest))]
+    if isinstance(msg, PushPut):
+        return [_header("put", rid=msg.rid, sid=msg.sid, off=msg.offset, len=msg.length), msg.payload]
+    if isinstance(msg, PushGrant):
+        return [_header("grant", rid=msg.rid, sid=msg.sid, upto=msg.upto)]
+    if isinstance(msg, PushStored):
+        return [_header("stored", rid=msg.rid, sid=msg.sid)]
     if isinstance(msg, ManifestReply):
         return [_header("manifest", rid=msg.rid, manifest=manifest_to_wire(msg.manifest))]
     if isinstance(msg, ChunkReply):
@@ -293,19 +183,56 @@ def _unpack(frame: Any, limit: int) -> dict[str, Any]:
 
 
 def decode_request(frames: Sequence[Any]) -> Request:
-    """Parse what a client sent (identity frame already removed)."""
-    if len(frames) != 1:
-        raise ProtocolError(f"a request is exactly 1 frame, got {len(frames)}")
-    d = _unpack(frames[0], MAX_REQUEST_BYTES)
-    t, rid = d["t"], _int(d, "rid", "request", 0, MAX_INT)
+    """Parse what a client sent (identity frame already removed).
+
+    A `ProtocolError` carries the request's `rid` as `.rid` whenever it could be read (else 0), so
+    the error reply can echo it.
+    """
+    if not 1 <= len(frames) <= 2:
+        raise ProtocolError(f"a request is 1 frame (2 for a put), got {len(frames)}")
+    size = memoryview(frames[0]).nbytes
+    if size <= MAX_REQUEST_BYTES:
+        d = _unpack(frames[0], MAX_REQUEST_BYTES)
+    else:  # only a push offer (it holds a manifest) may be larger
+        try:
+            d = _unpack(frames[0], MAX_OFFER_BYTES)
+        except ProtocolMismatch:
+            raise
+        except ProtocolError:
+            d = None
+        if d is None or d["t"] != "push":
+            raise ProtocolError(f"a request of {size} bytes exceeds the {MAX_REQUEST_BYTES}-byte limit (only a "
+                                f"push offer may be larger, up to {MAX_OFFER_BYTES})")
+    t, rid = d["t"], int_field(d, "rid", "request", 0, MAX_INT)
+    try:
+        if (t == "put") != (len(frames) == 2):
+            raise ProtocolError(f"a {t[:32]!r} request is {2 if t == 'put' else 1} frame(s), got {len(frames)}")
+        return _request(t, rid, d, frames)
+    except ProtocolError as e:
+        e.rid = rid
+        raise
+
+
+def _request(t: str, rid: int, d: dict[str, Any], frames: Sequence[Any]) -> Request:
     if t == "hello":
-        prefetch, chunk = _int(d, "prefetch", "hello", 0, 2**40), _int(d, "chunk", "hello", 0, MAX_CHUNK)
+        prefetch, chunk = int_field(d, "prefetch", "hello", 0, 2**40), int_field(d, "chunk", "hello", 0, MAX_CHUNK)
         if prefetch and chunk < MIN_CHUNK:
             raise ProtocolError(f"hello: prefetch needs chunk >= {MIN_CHUNK}, got {chunk}")
-        return Hello(rid=rid, prefetch=prefetch, chunk=chunk)
+        peer = d.get("peer")
+        if peer is not None and not (isinstance(peer, str) and 0 < len(peer) <= MAX_META_KEY):
+            raise ProtocolError(f"hello: peer must be a str of 1..{MAX_META_KEY} characters or absent")
+        return Hello(rid=rid, prefetch=prefetch, chunk=chunk, peer=peer)
     if t == "get":
-        return GetChunk(rid=rid, sid=_int(d, "sid", "get", 1), offset=_int(d, "off", "get", 0, 2**50),
-                        length=_int(d, "len", "get", 1, MAX_CHUNK))
+        return GetChunk(rid=rid, sid=int_field(d, "sid", "get", 1), offset=int_field(d, "off", "get", 0, 2**50),
+                        length=int_field(d, "len", "get", 1, MAX_CHUNK))
+    if t == "push":
+        return PushOffer(rid=rid, manifest=manifest_from_wire(d.get("manifest")))
+    if t == "put":
+        length, payload = int_field(d, "len", "put", 1, MAX_PUT), memoryview(frames[1])
+        if payload.nbytes != length:
+            raise ProtocolError(f"put payload is {payload.nbytes} bytes, header says {length}")
+        return PushPut(rid=rid, sid=int_field(d, "sid", "put", 1), offset=int_field(d, "off", "put", 0, 2**50), length=length,
+                       payload=payload)
     raise ProtocolError(f"unknown request type {t[:32]!r}")
 
 
@@ -316,7 +243,7 @@ def decode_reply(frames: Sequence[Any]) -> Reply:
     first = memoryview(frames[0])
     limit = MAX_MANIFEST_BYTES if first.nbytes > MAX_REPLY_HEADER_BYTES else MAX_REPLY_HEADER_BYTES
     d = _unpack(first, limit)
-    t, rid = d["t"], _int(d, "rid", "reply", 0, MAX_INT)
+    t, rid = d["t"], int_field(d, "rid", "reply", 0, MAX_INT)
     if t != "chunk" and len(frames) != 1:
         raise ProtocolError(f"a {t[:32]!r} reply is 1 frame, got {len(frames)}")
     if t == "manifest":
@@ -326,13 +253,17 @@ def decode_reply(frames: Sequence[Any]) -> Reply:
     if t == "chunk":
         if len(frames) != 2:
             raise ProtocolError("a chunk reply is 2 frames (header, payload)")
-        length, payload = _int(d, "len", "chunk", 1, MAX_CHUNK), memoryview(frames[1])
+        length, payload = int_field(d, "len", "chunk", 1, MAX_CHUNK), memoryview(frames[1])
         if payload.nbytes != length:
             raise ProtocolError(f"chunk payload is {payload.nbytes} bytes, header says {length}")
-        return ChunkReply(rid=rid, sid=_int(d, "sid", "chunk", 1), offset=_int(d, "off", "chunk", 0, 2**50),
+        return ChunkReply(rid=rid, sid=int_field(d, "sid", "chunk", 1), offset=int_field(d, "off", "chunk", 0, 2**50),
                           length=length, payload=payload)
+    if t == "grant":
+        return PushGrant(rid=rid, sid=int_field(d, "sid", "grant", 1), upto=int_field(d, "upto", "grant", 0, 2**50))
+    if t == "stored":
+        return PushStored(rid=rid, sid=int_field(d, "sid", "stored", 1))
     if t == "error":
-        code, message = _get(d, "code", str, "error"), _get(d, "msg", str, "error")
+        code, message = typed_field(d, "code", str, "error"), typed_field(d, "msg", str, "error")
         version = d.get("version")
         if version is not None and not (isinstance(version, int) and not isinstance(version, bool)):
             raise ProtocolError("error: field 'version' must be an int or nil")

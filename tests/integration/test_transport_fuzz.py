@@ -81,7 +81,7 @@ _any = st.recursive(_scalars, lambda c: st.lists(c, max_size=4) | st.dictionarie
                     max_leaves=12)
 _fields = st.fixed_dictionaries(
     {"v": st.sampled_from([[1, 0], [1, 0], [1, 5], [2, 0], [0, 0], [1], "1.0"]),
-     "t": st.sampled_from(["hello", "get", "get", "manifest", "error", "chunk", "", "hellö"])},
+     "t": st.sampled_from(["hello", "get", "get", "manifest", "error", "chunk", "", "hellö", "push", "put"])},
     optional={"rid": st.integers(-3, 2**63) | _any, "sid": st.integers(-3, 2**63) | _any,
               "off": st.integers(-3, 2**51) | _any, "len": st.integers(-3, 2**24) | _any,
               "prefetch": st.integers(-3, 2**20) | _any, "chunk": st.integers(-3, 2**24) | _any, "junk": _any})
@@ -137,9 +137,11 @@ def test_fuzzed_requests_are_rejected_and_the_server_keeps_serving(procs):
     for _ in range(4000):
         counted["cases"] += 1
         counted["invalid"] += probe.check(_random_frames(rng, valid))
-    # oversized requests are cut off by the socket before anything parses them
-    assert probe.check([b"\x81" * (wire.MAX_REQUEST_BYTES + 1)])  # over the limit: refused unparsed
-    for size in (wire.MAX_REQUEST_BYTES + wire.FRAME_OVERHEAD + 1, 1 << 20):
+    # a request over 4096 bytes that is no push offer is refused; past the socket's limit (a push's
+    # 1 MiB plus slack) the connection is cut before anything parses it
+    assert probe.check([b"\x81" * (wire.MAX_REQUEST_BYTES + 1)])
+    assert probe.check([b"\x81" * (wire.MAX_REQUEST_BYTES + wire.FRAME_OVERHEAD + 1)])
+    for size in (wire.MAX_OFFER_BYTES + wire.FRAME_OVERHEAD + 1, 4 << 20):
         probe.sock.send(b"\x81" * size)
         assert not probe.sock.poll(300)
         probe.sock.close()
