@@ -28,6 +28,10 @@ CODECS = ("fp32", "bf16", "fp16", "int8")
 """Payload codecs of exchanged state (`p2p_diloco.core.codecs` implements them)."""
 DISCOVERY_KINDS = ("auto", "dht", "zmq")
 """Discovery back-ends: `auto` tries the DHT and falls back to ZeroMQ (`p2p_diloco.discovery`)."""
+REACH_MODES = ("auto", "direct", "outbound")
+"""Can others dial an island: auto (ask the bootstrap node), direct (yes), outbound (no: it fetches and pushes)."""
+DHT_PORT_OFFSET, PX_PORT_OFFSET = 1, 2
+"""`join --port P` (P != 0): the DHT listens on P+1 and the ZeroMQ peer exchange on P+2."""
 DEVICES_HELP = "auto|cpu|cuda|cuda:N|mps"
 """The accepted `--device` forms (`p2p_diloco.core.device.resolve_device` resolves them)."""
 DEVICE_RE = r"^(auto|cpu|mps|cuda(:\d+)?)$"
@@ -208,6 +212,10 @@ class DiscoveryConfig:
     """Address this island's discovery sockets listen on."""
     port: int = 0
     """Port of this island's DHT node (0: any free port)."""
+    px_port: int = 0
+    """Port of this island's ZeroMQ peer-exchange socket, `--discovery zmq` (0: any free port)."""
+    outbound_only: bool = False
+    """Others cannot dial this island: its DHT node is a client, no peer-exchange socket is bound or announced."""
     announce_host: str | None = None
     """Address others should use to reach this island (defaults to `host`; needed when host is 0.0.0.0)."""
     connect_timeout: float = 10.0
@@ -232,7 +240,12 @@ class DiscoveryConfig:
         _require(0.05 <= self.refresh < self.expiry, s, "refresh", "at least 0.05 s and below expiry", self.refresh)
         _require(0.05 <= self.poll <= self.expiry, s, "poll", "at least 0.05 s and at most expiry", self.poll)
         _require(isinstance(self.host, str) and 0 < len(self.host) <= 253, s, "host", "a host name or address", self.host)
-        _require(isinstance(self.port, int) and 0 <= self.port <= 65535, s, "port", "in [0, 65535]", self.port)
+        for name, v in (("port", self.port), ("px_port", self.px_port)):
+            _require(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 65535, s, name, "in [0, 65535]", v)
+        _require(self.px_port == 0 or self.px_port != self.port, s, "px_port", "0 or other than port", self.px_port)
+        _require(isinstance(self.outbound_only, bool) and (not self.outbound_only or len(self.bootstrap) > 0), s,
+                 "outbound_only", "a bool, True only with a bootstrap address (nobody can dial in to join)",
+                 self.outbound_only)
         _require(self.announce_host is None or (isinstance(self.announce_host, str) and 0 < len(self.announce_host) <= 253),
                  s, "announce_host", "unset or a host name or address", self.announce_host)
         _require(self.announce_host is not None or self.host not in ("0.0.0.0", "::"), s, "announce_host",
@@ -315,6 +328,8 @@ class IslandConfig:
     """Address partners should dial, when the bind address is not reachable as such."""
     port: int = 0
     """Snapshot server port (0: any free port)."""
+    reach: str = "auto"
+    """One of `REACH_MODES`: whether others can dial this island (outbound: fetch and push only)."""
     max_tokens: int | None = None
     """Stop after this island trained this many tokens."""
     max_rounds: int | None = None
@@ -368,6 +383,7 @@ class IslandConfig:
             _require((v is None and name.startswith("max_")) or (not isinstance(v, bool) and v > 0), s, name,
                      "> 0" + (" or unset" if name.startswith("max_") else ""), v)
         _require(0 <= self.port <= 65535, s, "port", "in [0, 65535]", self.port)
+        _require(self.reach in REACH_MODES, s, "reach", f"one of {REACH_MODES}", self.reach)
         _require(self.poison in (None, *POISONS), s, "poison", f"unset or one of {POISONS}", self.poison)
         _require(0.0 <= self.same_version_wait <= 1.0 and 0.0 <= self.max_stretch <= 1.0, s,
                  "same_version_wait/max_stretch", "in [0, 1]", (self.same_version_wait, self.max_stretch))

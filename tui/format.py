@@ -22,6 +22,16 @@ def address(endpoint: str) -> str:
     return endpoint.removeprefix("tcp://")
 
 
+REACH = {"direct": "direct (others dial it)",
+         "outbound": "outbound-only (nobody can dial it: it fetches from others and pushes its state to them)"}
+"""How the detail view spells an island's `reach`."""
+
+
+def address_cell(endpoint: str, reach: str) -> str:
+    """The peers table's address: `host:port`, marked `outbound` when nobody can dial it."""
+    return address(endpoint) + (" outbound" if reach == "outbound" else "")
+
+
 def si(value: float | None, unit: str = "", digits: int = 1) -> str:
     """1234 -> `1.2k`, 5.6e6 -> `5.6M` (decimal prefixes, as link rates are quoted)."""
     if value is None:

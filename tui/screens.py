@@ -100,7 +100,7 @@ class DetailScreen(Screen):
         r = view.record
         return Text.assemble(
             ("island ", "dim"), (r.peer_id, f"bold {color}"), "  ", (view.shown_state, STATE_STYLE.get(view.shown_state, "")),
-            "\n", ("at ", "dim"), fmt.address(r.endpoint), ("   version ", "dim"), (f"v{r.version}", "bold"),
+            "\n", ("at ", "dim"), fmt.address_cell(r.endpoint, r.reach), ("   version ", "dim"), (f"v{r.version}", "bold"),
             ("   behind ", "dim"), str(view.behind) if view.live else "-", ("   loss ", "dim"), fmt.loss(r.loss))
 
     @staticmethod
@@ -115,7 +115,7 @@ class DetailScreen(Screen):
             ("loss", fmt.loss(r.loss)), ("eval loss", fmt.loss(r.eval_loss)),
             ("upload", fmt.rate(r.upload_bps)), ("download", fmt.rate(r.download_bps)),
             ("sent", fmt.size(r.bytes_sent)), ("received", fmt.size(r.bytes_received)),
-            ("last partner", fmt.short_id(r.last_partner)),
+            ("reach", fmt.REACH.get(r.reach, r.reach)), ("last partner", fmt.short_id(r.last_partner)),
             ("refused", f"{r.refused} states, last from {fmt.short_id(r.last_refused)}" if r.refused else "0"),
             ("started", f"{fmt.clock(r.started_at)} ({fmt.duration(now - r.started_at)} ago)" if r.started_at else "-"),
             ("record age", fmt.duration(view.age)),

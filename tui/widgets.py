@@ -123,7 +123,7 @@ class PeersTable(DataTable):
         age = Text(fmt.duration(v.age), justify="right", style=LEVEL_STYLE[state.age_level(v)] if v.live else "dim")
         return [
             Text(v.short_id, style=f"bold {color}" if v.live else f"dim {color}"),
-            Text(fmt.address(r.endpoint), style=dim),
+            Text(fmt.address_cell(r.endpoint, r.reach), style=dim or ("yellow" if r.reach == "outbound" else "")),
             Text(v.shown_state, style=STATE_STYLE.get(v.shown_state, "")),
             Text(str(r.version), **right), behind, age,
             Text(fmt.si(r.tokens_per_s), **right),

@@ -1,4 +1,8 @@
-"""`p2p-diloco join`: start an island (also as one rank of a torchrun group)."""
+"""`p2p-diloco join`: start an island (also as one rank of a torchrun group).
+
+`--port P` (P != 0) fixes every port an island listens on, to open in a firewall: the state
+exchange on P, the DHT on P+1 (or `--dht-port`), the ZeroMQ peer exchange on P+2 (`island_ports`).
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,9 @@ from p2p_diloco.cli.options import (
     build_configs, device_options, diloco_options, discovery_config, discovery_options, model_options, network_config,
     network_options, swarm_secret, user_errors
 )
-from p2p_diloco.config import POISONS, DiLoCoConfig, IslandConfig, TrainConfig
+from p2p_diloco.config import (
+    DHT_PORT_OFFSET, POISONS, PX_PORT_OFFSET, REACH_MODES, DiLoCoConfig, IslandConfig, TrainConfig
+)
 
 I = IslandConfig
 
@@ -40,10 +46,18 @@ I = IslandConfig
 @click.option("--wait-for", type=click.IntRange(min=1), default=I.wait_for, show_default=True,
               help=f"Before the first round, wait (up to {I.join_timeout_s:g} s) until this many islands, this one "
                    "included, are in the run.")
-@click.option("--host", default=I.bind_host, show_default=True, help="Address to bind the snapshot server and DHT node.")
+@click.option("--host", default=I.bind_host, show_default=True, help="Address the state exchange, DHT and peer exchange listen on.")
 @click.option("--announce", "announce_host", default=I.announce_host,
               help="Address others should dial (when --host is not reachable as such).")
-@click.option("--port", type=int, default=I.port, show_default=True, help="Snapshot server port (0: any free port).")
+@click.option("--port", type=click.IntRange(0, 65535 - PX_PORT_OFFSET), default=I.port, show_default=True,
+              help=f"State exchange port; the DHT takes PORT+{DHT_PORT_OFFSET} and the ZeroMQ peer exchange "
+                   f"PORT+{PX_PORT_OFFSET}: open these in a firewall (0: any free ports).")
+@click.option("--dht-port", type=click.IntRange(0, 65535), default=None,
+              help=f"DHT port instead of PORT+{DHT_PORT_OFFSET} (0: any free port).")
+@click.option("--reach", type=click.Choice(REACH_MODES), default=I.reach, show_default=True,
+              help="auto: at start the bootstrap node dials this island to learn whether others can reach it; "
+                   "direct: assume they can; outbound: they cannot, so nobody dials this island; it fetches from "
+                   "reachable islands and pushes its state to them.")
 @click.option("--seed", type=int, default=TrainConfig.seed, show_default=True,
               help="Run seed: the initial weights every island shares.")
 @click.option("--threads", type=int, default=1, show_default=True, help="torch threads for this island.")
@@ -66,8 +80,10 @@ def join(**kw) -> None:
     torch.set_num_threads(kw.pop("threads"))
     with user_errors():
         # one swarm secret seals discovery records and keys the state exchange (docs/SECURITY.md)
+        port, dht_port, px_port = island_ports(kw["port"], kw.pop("dht_port"))
         discovery = discovery_config(kw.pop("bootstrap"), kw.pop("run_id"), kw.pop("discovery"),
-                                     host=kw["host"], announce_host=kw["announce_host"], secret=swarm_secret(kw))
+                                     host=kw["host"], announce_host=kw["announce_host"], secret=swarm_secret(kw),
+                                     port=dht_port, px_port=px_port, outbound_only=kw["reach"] == "outbound")
         data, vocab_size, as_json = kw.pop("data"), kw.pop("vocab_size"), kw.pop("as_json")
         model, train, diloco = build_configs(kw)
         # an unusable device or precision fails here, in one line, before the swarm starts
@@ -76,7 +92,7 @@ def join(**kw) -> None:
         train = _schedule_length(train, model.resolved()["block_size"], diloco, kw["max_tokens"], kw["max_rounds"])
         network = network_config(kw)
         island = IslandConfig(run_dir=Path(kw["run_dir"]), bind_host=kw["host"], announce_host=kw["announce_host"],
-                              port=kw["port"], max_tokens=kw["max_tokens"], max_rounds=kw["max_rounds"],
+                              port=port, reach=kw["reach"], max_tokens=kw["max_tokens"], max_rounds=kw["max_rounds"],
                               max_seconds=kw["max_seconds"], resume=kw["resume"], eval_every=kw["eval_every"],
                               checkpoint_every=kw["checkpoint_every"], name=kw["name"], quiet=kw["quiet"],
                               slowdown=kw["slowdown"], poison=kw["poison"], wait_for=kw["wait_for"],
@@ -85,6 +101,21 @@ def join(**kw) -> None:
     if as_json and summary:  # ranks other than 0 of a torchrun island have no summary
         click.echo(json.dumps(summary))
     sys.exit(code)
+
+
+def island_ports(port: int, dht_port: int | None = None) -> tuple[int, int, int]:
+    """(state exchange, DHT, peer exchange) ports of `join --port PORT [--dht-port D]`: PORT, PORT+1 and
+    PORT+2 when PORT is not 0, else 0 each (any free port); `dht_port` replaces the DHT's. A usage error
+    when they would collide or leave the port range."""
+    if port and port + PX_PORT_OFFSET > 65535:
+        raise click.BadParameter(f"{port} leaves no room for PORT+{PX_PORT_OFFSET} (at most {65535 - PX_PORT_OFFSET})",
+                                 param_hint="--port")
+    dht = (port + DHT_PORT_OFFSET if port else 0) if dht_port is None else dht_port
+    px = port + PX_PORT_OFFSET if port else 0
+    if dht and dht in (port, px):
+        raise click.BadParameter(f"{dht} is taken by the state exchange ({port}) or the peer exchange ({px})",
+                                 param_hint="--dht-port")
+    return port, dht, px
 
 
 def _schedule_length(train: TrainConfig, block_size: int, diloco: DiLoCoConfig, max_tokens: int | None,

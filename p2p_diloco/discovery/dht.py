@@ -239,7 +239,8 @@ class DhtMembership(BackgroundMembership):
         if observer and not self._maddrs:
             raise DiscoveryError("watching a run needs at least one bootstrap multiaddr")
         self.dht = start_dht(initial_peers=self._maddrs, host=config.host, port=config.port, timeout=config.connect_timeout,
-                             announce_host=config.announce_host, validators=validators, client_mode=observer)
+                             announce_host=config.announce_host, validators=validators,
+                             client_mode=observer or config.outbound_only)  # outbound-only: serves no DHT requests
         self.libp2p_peer_id = str(self.dht.peer_id)
         """The DHT node's libp2p id (not the island's peer id, which is the fingerprint of its record key)."""
         # asked now, because from here on only the background thread talks to the DHT process

@@ -2,8 +2,10 @@
 
 `ZmqMembership` implements `Membership` without libp2p. A background thread owns all its sockets:
 
-- a ROUTER (the island's peer-exchange endpoint, `px`) that answers sync requests from other
-  islands exactly like the bootstrap's rendezvous does, so any island can serve as an entry point;
+- a ROUTER (the island's peer-exchange endpoint, `px`, on `DiscoveryConfig.px_port`) that answers
+  sync requests from other islands exactly like the bootstrap's rendezvous does, so any island can
+  serve as an entry point. An outbound-only island (`outbound_only`) binds none and announces no
+  `px`: nobody could dial it, so nobody should try;
 - one DEALER per contacted endpoint. Every `poll` seconds it syncs with the bootstrap
   rendezvous(es) and `FANOUT` random known islands: it sends its whole table of signed entries and
   merges the table it gets back. A dead bootstrap is retried every `refresh` seconds, and because
@@ -32,7 +34,7 @@ from p2p_diloco.discovery.entries import (
 from p2p_diloco.discovery.membership import BackgroundMembership
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.discovery.sealing import RecordSeal
-from p2p_diloco.discovery.router import SOCKET_SLACK_BYTES, answer_one, bind_router
+from p2p_diloco.discovery.router import SOCKET_SLACK_BYTES, Origin, answer_one, bind_router
 from p2p_diloco.errors import DiscoveryError
 
 logger = logging.getLogger(__name__)
@@ -65,9 +67,9 @@ class ZmqMembership(BackgroundMembership):
         self._dealers: dict[str, zmq.Socket] = {}
         self._router: zmq.Socket | None = None
         self.px: str | None = None
-        if not observer:
+        if not (observer or config.outbound_only):  # an outbound-only island serves nobody: others cannot dial it
             try:
-                self._router, _, port = bind_router(self._ctx, config.host, 0, "peer exchange")
+                self._router, _, port = bind_router(self._ctx, config.host, config.px_port, "peer exchange")
             except DiscoveryError:
                 self._ctx.term()
                 raise
@@ -262,7 +264,7 @@ class ZmqMembership(BackgroundMembership):
     def _serve_one(self) -> None:
         answer_one(self._router, self._answer, "peer exchange")
 
-    def _answer(self, msg: dict) -> bytes:
+    def _answer(self, msg: dict, _origin: Origin) -> bytes:
         """A sync of this island's run, answered like the rendezvous does."""
         if msg["type"] != "sync" or msg.get("run") != self.config.run_id:
             raise ValueError(f"expected a sync of run {self.config.run_id!r}")

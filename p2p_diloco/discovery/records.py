@@ -20,9 +20,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from p2p_diloco.config import REACH_MODES
 from p2p_diloco.errors import DiscoveryError
 
 STATES = ("joining", "training", "syncing", "leaving")
+REACHES = tuple(m for m in REACH_MODES if m != "auto")
+"""How others reach an island: `direct` (they dial its endpoint) or `outbound` (they cannot: it
+fetches from reachable islands and pushes its state to them over connections it opens)."""
 MAX_INT = 2**62
 """Upper bound of every counter in a record (versions, tokens, bytes)."""
 MAX_ENDPOINT_LEN = 256
@@ -93,6 +97,9 @@ class IslandRecord:
     the trainable parameters' names, shapes and dtypes; "" when unknown): partners whose
     fingerprint differs are never chosen."""
 
+    reach: str = "direct"
+    """One of `REACHES`: `outbound` when others cannot dial `endpoint` (they must not try to fetch from it)."""
+
     def __post_init__(self) -> None:
         if not (isinstance(self.peer_id, str) and PEER_ID_RE.match(self.peer_id)):
             raise _bad("peer_id", "1-64 characters of [A-Za-z0-9_-]", self.peer_id)
@@ -113,6 +120,8 @@ class IslandRecord:
             object.__setattr__(self, name, float(v))  # ints become floats: what travels is strict (from_dict)
         if self.state not in STATES:
             raise _bad("state", f"one of {STATES}", self.state)
+        if self.reach not in REACHES:
+            raise _bad("reach", f"one of {REACHES}", self.reach)
         if not (isinstance(self.model, str) and MODEL_RE.match(self.model)):
             raise _bad("model", "16 lowercase hex digits or empty", self.model)
         for name in ("last_partner", "last_refused"):

@@ -25,6 +25,8 @@ def test_rates_sizes_durations_ids():
     assert [fmt.duration(x) for x in (None, 4.9, 187, 3720, 2 * 86400 + 3 * 3600)] == ["-", "4s", "3m07s", "1h02m", "2d03h"]
     assert fmt.short_id("0123456789abcdef0123") == "01234567" and fmt.short_id(None) == "-"
     assert fmt.address("tcp://10.0.0.1:5555") == "10.0.0.1:5555"
+    assert fmt.address_cell("tcp://10.0.0.1:5555", "direct") == "10.0.0.1:5555"
+    assert fmt.address_cell("tcp://10.0.0.1:5555", "outbound") == "10.0.0.1:5555 outbound"
     assert fmt.loss(2.34567) == "2.346" and fmt.loss(None) == "-"
 
 

@@ -7,7 +7,7 @@ record lifetime of `EXPIRY` seconds and one snapshot a second from `T0`:
 - d is slow: it gains a version every 3 s while the others gain one a second, so it falls behind;
 - c announces `leaving` at +40 s and its record is withdrawn at +41 s (a clean exit);
 - b freezes at +30 s (its record stops changing: killed) and vanishes at +30 + EXPIRY s;
-- e joins at +50 s, starting from the freshest version.
+- e joins at +50 s, starting from the freshest version; nobody can dial it (`reach="outbound"`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def record(name: str, t: float, *, version: int, state: str = "training", starte
         tokens_per_s=SPEED[name], loss=loss, eval_loss=loss + 0.05 if version >= 10 else None, state=state,
         upload_bps=1.5e6 + 1e4 * version, download_bps=2.5e6 + 2e4 * version,
         bytes_sent=version * 3_000_000, bytes_received=version * 3_100_000, last_partner=IDS[partner],
-        started_at=T0 - 120.0 if name == "a" else (T0 - 60.0 if started is None else started), timestamp=t)
+        started_at=T0 - 120.0 if name == "a" else (T0 - 60.0 if started is None else started), timestamp=t,
+        reach="outbound" if name == "e" else "direct")
 
 
 def frame(i: int) -> tuple[float, list[IslandRecord]]:

@@ -36,7 +36,7 @@ def test_record_round_trips_through_dict_json_and_msgpack():
     assert IslandRecord.from_dict(msgpack.unpackb(msgpack.packb(r.to_dict()))) == r
     assert set(r.to_dict()) == {"peer_id", "endpoint", "version", "tokens", "tokens_per_s", "loss", "eval_loss", "state",
                                 "upload_bps", "download_bps", "bytes_sent", "bytes_received", "last_partner",
-                                "started_at", "published_at", "timestamp", "model", "refused", "last_refused"}
+                                "started_at", "published_at", "timestamp", "model", "refused", "last_refused", "reach"}
 
 
 def test_integer_rates_become_floats_so_the_strict_dht_schema_accepts_them():
@@ -52,6 +52,7 @@ def test_integer_rates_become_floats_so_the_strict_dht_schema_accepts_them():
     ("tokens_per_s", math.nan), ("tokens_per_s", math.inf), ("tokens_per_s", -1.0), ("loss", math.nan),
     ("eval_loss", -math.inf), ("loss", "2.5"), ("state", "sleeping"), ("last_partner", "bad id!"),
     ("timestamp", -5.0), ("started_at", None), ("published_at", -1.0), ("bytes_sent", 2**64),
+    ("reach", "auto"), ("reach", None),
 ])
 def test_record_rejects_bad_fields_by_name(field, value):
     with pytest.raises(DiscoveryError, match=field):
@@ -70,11 +71,12 @@ def test_from_dict_rejects_unknown_missing_and_non_mapping():
 
 
 def test_format_islands_lists_every_record():
-    text = format_islands([record(), record(peer_id="aaaa", loss=None, version=9)], now=1.7e9 + 12)
+    text = format_islands([record(), record(peer_id="aaaa", loss=None, version=9, reach="outbound")], now=1.7e9 + 12)
     lines = text.splitlines()
-    assert lines[0].split()[:3] == ["peer", "id", "state"]
+    assert lines[0].split()[:3] == ["peer", "id", "state"] and lines[0].split()[-2:] == ["reach", "endpoint"]
     assert lines[1].startswith("0123") and "2.5000" in lines[1] and "2.0" in lines[1]  # age 2 s
     assert lines[2].startswith("aaaa") and " - " in lines[2] and " 9 " in lines[2]
+    assert " direct " in lines[1] and " outbound " in lines[2]
 
 
 def test_bootstrap_addresses_parse_and_derive_the_rendezvous():
