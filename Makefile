@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install bench-sim clean
+.PHONY: demo test install nat-tools bench-sim clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,8 +19,18 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/p2p-diloco demo
 
-test: $(STAMP)
+test: $(STAMP) nat-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# tests/integration/test_nat.py builds NAT routers with iptables: as root with apt-get, install it
+# when it is missing. Never fails the build: without iptables those tests skip and say why.
+nat-tools:
+	-@PATH="$$PATH:/usr/sbin:/sbin"; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v iptables >/dev/null; then \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  timeout 240 apt-get install -y -qq iptables >/dev/null 2>&1 \
+	  || { timeout 240 apt-get update -qq >/dev/null 2>&1; timeout 240 apt-get install -y -qq iptables >/dev/null 2>&1; } \
+	  || echo "iptables could not be installed: the NAT tests will skip"; fi
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

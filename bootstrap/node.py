@@ -4,9 +4,15 @@ It runs two listeners, both optional to the islands:
 
 - a hivemind DHT node with a persistent libp2p identity (`--identity FILE`, created on first
   start), so its multiaddr `/ip4/H/tcp/P/p2p/ID` stays the same across restarts;
-- the ZeroMQ rendezvous of the discovery fallback at `tcp://H:P+1` (or `--rendezvous-port`).
+- the ZeroMQ rendezvous of the discovery fallback at `tcp://H:P+1` (or `--rendezvous-port`),
+  which also dials an island back when asked, so an island learns whether others can reach it;
+- optionally (`--relay`) a state relay at `tcp://H:P+2` (or `--relay-port`): islands that nobody can
+  dial (behind NAT) push their latest state there and fetch each other's from it, so a swarm of
+  NATed islands plus one public bootstrap node still trains. Off by default, with its own upload
+  cap; in a run with a swarm secret the relay needs the secret (it speaks the exchange's CurveZMQ).
 
-It stores no training state and makes no decisions; islands keep meeting each other without it.
+Without a relay it stores no training state; it never makes decisions, and islands keep meeting
+each other without it.
 It logs the DHT peers and rendezvous islands it sees come and go. It needs no swarm secret: it
 stores and serves a sealed run's records without being able to read them (docs/SECURITY.md).
 """
@@ -19,19 +25,25 @@ import threading
 from pathlib import Path
 
 from p2p_diloco import addresses
+from p2p_diloco.config import NetworkConfig
 from p2p_diloco.errors import DiscoveryError
 
 logger = logging.getLogger(__name__)
 
 WATCH_INTERVAL = 2.0
 """Seconds between looks at the DHT routing table (for the join/leave log)."""
+RELAY_PORT_OFFSET = 2
+"""The relay listens on the DHT port + this, unless `relay_port` says otherwise."""
 
 
 class BootstrapNode:
     """A DHT node with a fixed identity plus the ZeroMQ rendezvous; `start()`, `run_until(event)`, `shutdown()`."""
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, identity: str | Path, rendezvous_port: int | None = None,
-                 discovery: str = "auto", announce_host: str | None = None, start_timeout: float = 30.0) -> None:
+                 discovery: str = "auto", announce_host: str | None = None, start_timeout: float = 30.0,
+                 relay: NetworkConfig | None = None, relay_port: int | None = None) -> None:
+        """`relay`: run a state relay with these exchange settings (upload cap, secret), on
+        `relay_port` (default: the DHT port + 2, or any free port)."""
         if discovery not in ("auto", "dht", "zmq"):
             raise DiscoveryError(f"discovery must be auto, dht or zmq, got {discovery!r}")
         if not 0 <= port <= 65535 - addresses.RENDEZVOUS_PORT_OFFSET:
@@ -41,6 +53,8 @@ class BootstrapNode:
             raise DiscoveryError(f"the directory of the identity file {self.identity} does not exist")
         self.host, self.port, self.discovery = host, port, discovery
         self.rendezvous_port, self.announce_host, self.start_timeout = rendezvous_port, announce_host, start_timeout
+        self.relay_config, self.relay_port = relay, relay_port
+        self.relay = None
         self.dht = None
         self.rendezvous = None
         self.peer_id: str | None = None
@@ -91,21 +105,40 @@ class BootstrapNode:
         if fresh and self.identity.exists():
             os.chmod(self.identity, 0o600)  # it is a private key
             logger.info("created the identity file %s", self.identity)
+        relay = self._start_relay(dht_port) if self.relay_config is not None else None
         if self.discovery in ("auto", "zmq"):
             explicit = self.rendezvous_port is not None
             port = self.rendezvous_port if explicit else (dht_port + addresses.RENDEZVOUS_PORT_OFFSET if dht_port else 0)
             try:
-                self.rendezvous = RendezvousServer(self.host, port, self.peer_id)
+                self.rendezvous = RendezvousServer(self.host, port, self.peer_id, relay=relay)
             except DiscoveryError:
                 if explicit or port == 0:
                     self.shutdown()
                     raise
                 logger.warning("port %d (DHT port + %d) is taken; the rendezvous takes a random port, so pass its "
                                "tcp:// address to islands explicitly", port, addresses.RENDEZVOUS_PORT_OFFSET)
-                self.rendezvous = RendezvousServer(self.host, 0, self.peer_id)
+                self.rendezvous = RendezvousServer(self.host, 0, self.peer_id, relay=relay)
             self.rendezvous.start()
         logger.info("bootstrap node %s ready: %s", self.peer_id, " ".join(self.addresses))
         return self.addresses
+
+    def _start_relay(self, dht_port: int) -> str:
+        """The state relay (`exchange.server.SnapshotServer(relay=True)`); returns its endpoint."""
+        from p2p_diloco.exchange.server import SnapshotServer
+
+        if self.discovery == "dht":
+            raise DiscoveryError("--relay needs the rendezvous (islands learn of the relay from its dial-back "
+                                 "answers): use --discovery auto or zmq")
+        port = self.relay_port if self.relay_port is not None else (dht_port + RELAY_PORT_OFFSET if dht_port else 0)
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        try:
+            self.relay = SnapshotServer(f"tcp://{host}:{port}", self.relay_config, announce_host=self.announce_host,
+                                        relay=True)
+        except Exception as e:  # TransportError: the port is taken
+            raise DiscoveryError(f"the relay cannot listen on port {port}: {e}") from e
+        logger.info("relaying states at %s (upload cap %s Mbit/s)", self.relay.endpoint,
+                    self.relay_config.max_upload_mbps or "none")
+        return self.relay.endpoint
 
     def run_until(self, stop: threading.Event) -> None:
         """Log peers coming and going until `stop` is set."""
@@ -133,6 +166,9 @@ class BootstrapNode:
             known = now
 
     def shutdown(self) -> None:
+        if self.relay is not None:
+            self.relay.close()
+            self.relay = None
         if self.rendezvous is not None:
             self.rendezvous.close()
             self.rendezvous = None

@@ -7,6 +7,11 @@ waits on the network. A fetch that has not finished by the end of the round keep
 going and is taken in a later round (the staleness weight then counts it less); a fetch that
 fails costs only that exchange.
 Nothing partial is ever handed over: the transport returns a whole, checked snapshot or raises.
+
+An outbound-only island (`peers.reach`) also pushes its own state over each connection it opens to
+a reachable partner, once the fetched state is handed over; a partner that is outbound-only itself
+is reached through the bootstrap's relay, when there is one, to which every outbound-only island
+pushes each state it publishes (`push_to_relay`, on a thread of its own).
 """
 
 from __future__ import annotations
@@ -41,11 +46,19 @@ class FetchResult:
     """What `measure` said of the state (`peers.plausibility`), computed on the worker's thread."""
     bad_state: bool = False
     """The failure was the partner's state itself (digests, sizes, non-finite values), not the link."""
+    pushed: bool = False
+    """The partner pushed this state to us (`peers.reach.PushInbox`) rather than us fetching it."""
 
 
 class GossipWorker:
-    def __init__(self, network: NetworkConfig, timeout_s: float, measure=None) -> None:
+    def __init__(self, network: NetworkConfig, timeout_s: float, measure=None, push_source=None,
+                 relay: str | None = None) -> None:
+        """`push_source()`: this island's latest (manifest, payload) to push, for an outbound-only
+        island (else None); `relay`: the bootstrap's relay endpoint, if it runs one."""
         self.network, self.timeout_s, self.measure = network, timeout_s, measure
+        self.push_source, self.relay = push_source, relay
+        self.pushes = {"sent": 0, "failed": 0, "bytes": 0}
+        self._relay_thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._result: FetchResult | None = None
@@ -81,25 +94,72 @@ class GossipWorker:
         from p2p_diloco.exchange.client import Fetcher
 
         started = time.monotonic()
+        via_relay = partner.reach == "outbound"  # nobody can dial it: its state waits at the relay
+        handed = False
         try:
-            with Fetcher(partner.endpoint, self.network) as fetcher:
+            with Fetcher(self.relay if via_relay else partner.endpoint, self.network,
+                         peer=partner.peer_id if via_relay else None) as fetcher:
                 while (partner.version < min_version and time.monotonic() < wait_until and not self._closed
                        and fetcher.manifest(self.timeout_s).version < min_version):
                     time.sleep(VERSION_POLL_S)
                 snap = fetcher.fetch(self.timeout_s, decode=False)  # decoded slice by slice as it is mixed
-            result = FetchResult(partner.peer_id, snap, None, snap.seconds, snap.nbytes,
-                                 waited_s=time.monotonic() - started - snap.seconds, distance=self._measure(snap))
+                with self._lock:  # handed over at once: mixing need not wait for our push
+                    self._result = FetchResult(partner.peer_id, snap, None, snap.seconds, snap.nbytes,
+                                               waited_s=time.monotonic() - started - snap.seconds,
+                                               distance=self.measured(snap))
+                handed = True
+                if not via_relay:
+                    self._push(fetcher)
+            return
         except TransportError as e:
             log.info("exchange with %s at %s failed: %s", partner.peer_id[:8], partner.endpoint, e)
             result = FetchResult(partner.peer_id, None, f"{type(e).__name__}: {e}", time.monotonic() - started, 0,
                                  bad_state=isinstance(e, BadPayload))
         except Exception as e:  # a bug must not kill the island; it costs this exchange and is logged loudly
             log.exception("fetch from %s crashed", partner.peer_id[:8])
+            if handed:
+                return
             result = FetchResult(partner.peer_id, None, f"{type(e).__name__}: {e}", time.monotonic() - started, 0)
         with self._lock:
             self._result = result
 
-    def _measure(self, snap) -> float | None:
+    def push_to_relay(self) -> None:
+        """An outbound-only island with a relay: deliver the state just published there, in the
+        background (skipped while the previous one is still on its way)."""
+        if self.relay is None or self.push_source is None or self._closed:
+            return
+        if self._relay_thread is not None and self._relay_thread.is_alive():
+            return
+        self._relay_thread = threading.Thread(target=self._push_relay, name="relay-push", daemon=True)
+        self._relay_thread.start()
+
+    def _push_relay(self) -> None:
+        from p2p_diloco.exchange.client import Fetcher
+
+        try:
+            with Fetcher(self.relay, self.network) as relay:
+                self._push(relay)
+        except TransportError as e:
+            log.info("cannot reach the relay %s: %s", self.relay, e)
+
+    def _push(self, fetcher) -> None:
+        """Push our latest state over `fetcher`'s connection (outbound-only islands); a refusal or a
+        failure costs only this push."""
+        source = None if self.push_source is None else self.push_source()
+        if source is None:
+            return
+        try:
+            n = fetcher.push(*source, timeout=self.timeout_s)
+        except TransportError as e:
+            log.info("push to %s failed: %s", fetcher.endpoint, e)
+            with self._lock:
+                self.pushes["failed"] += 1
+            return
+        with self._lock:
+            self.pushes["sent"] += 1
+            self.pushes["bytes"] += n
+
+    def measured(self, snap) -> float | None:
         """`measure(snap)`, or None when there is none or the state does not fit (refused later, with a reason)."""
         if self.measure is None:
             return None

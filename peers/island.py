@@ -26,6 +26,7 @@ followed `stop()`; under torchrun every rank sees it at the same step (`peers.di
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -50,6 +51,7 @@ from p2p_diloco.peers.metrics import LinkRates, MetricsLog, progress_line
 from p2p_diloco.peers.partners import PartnerChooser
 from p2p_diloco.peers.plausibility import PlausibilityGate, relative_distance
 from p2p_diloco.peers.publishing import Publisher
+from p2p_diloco.peers.reach import PushInbox, check_reach
 from p2p_diloco.peers.rounds import ANNOUNCE_EVERY_S, Round, RoundsMixin
 from p2p_diloco.peers.state import ModelExtras, join_from_freshest, resume
 
@@ -75,16 +77,26 @@ class SwarmIsland(RoundsMixin):
         self.world = 1 if group is None else group.world
         self.tokens_per_step = tokens_per_step
         self.fingerprint = fingerprint(model)
-        self.membership = open_membership(discovery or DiscoveryConfig())
+        self.inbox = PushInbox(self)
+        discovery = discovery or DiscoveryConfig()
+        self.server = SnapshotServer(f"tcp://{self.cfg.bind_host}:{self.cfg.port}", self.network,
+                                     announce_host=self.cfg.announce_host, pushes=self.inbox)
+        try:  # who can dial us decides how discovery runs (an outbound-only DHT node is a client)
+            self.reach = check_reach(self.cfg, discovery, self.server.endpoint)
+            if self.reach.mode == "outbound":
+                discovery = dataclasses.replace(discovery, outbound_only=True)
+            self.membership = open_membership(discovery)
+        except BaseException:
+            self.server.close()
+            raise
         try:
             self.peer_id = self.membership.peer_id
             self.name = self.cfg.name or self.peer_id[:8]
             self.outer = OuterLoop(self.peer_id, model, self.diloco)
             self.run_digest = weights_digest(self.outer.state.phi)  # the initial weights name the run
-            self.server = SnapshotServer(f"tcp://{self.cfg.bind_host}:{self.cfg.port}", self.network,
-                                         announce_host=self.cfg.announce_host)
         except BaseException:
             self.membership.shutdown()
+            self.server.close()
             raise
         self.publisher = Publisher(self.server, self.outer, self.diloco, self.peer_id, self.fingerprint, self.run_digest)
         self.gate = PlausibilityGate()
@@ -94,9 +106,11 @@ class SwarmIsland(RoundsMixin):
 
             poison(self, self.cfg.poison)
         self.gossip = GossipWorker(self.network, timeout_s=self.network.fetch_timeout_s,
-                                   measure=lambda snap: relative_distance(self.outer.state.phi, snap.tensors["phi"]))
+                                   measure=lambda snap: relative_distance(self.outer.state.phi, snap.tensors["phi"]),
+                                   push_source=self.server.latest if self.reach.mode == "outbound" else None,
+                                   relay=self.reach.relay)
         self.chooser = PartnerChooser(self.peer_id, self.diloco.max_staleness, model=self.fingerprint,
-                                      rng=random.Random(self.peer_id))
+                                      relay=self.reach.relay is not None, rng=random.Random(self.peer_id))
         self.metrics = MetricsLog(self.cfg.run_dir)
         (self.cfg.run_dir / "island.json").write_text(json.dumps({"peer_id": self.peer_id, "name": self.name,
                                                                   "endpoint": self.server.endpoint}))
@@ -132,14 +146,15 @@ class SwarmIsland(RoundsMixin):
 
     @property
     def bytes_out(self) -> int:
-        return self.server.stats()["bytes_sent"]
+        """Bytes this island sent: what its server served, plus the states it pushed."""
+        return self.server.stats()["bytes_sent"] + self.gossip.pushes["bytes"]
 
     def figures(self) -> dict[str, Any]:
         """The island's figures now: what the dashboard shows of it, as a dict."""
         return {"peer_id": self.peer_id, "name": self.name, "version": self.version, "round": self.round,
                 "tokens": self.own_tokens, "partner": self.last_partner, "staleness": self.last_staleness,
                 "mixes": self.mixes, "refused": self.refused, "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
-                "loss": self.last_loss, "eval_loss": self.eval_loss, "state": self.state}
+                "loss": self.last_loss, "eval_loss": self.eval_loss, "state": self.state, "reach": self.reach.mode}
 
     @property
     def last_loss(self) -> float | None:
@@ -216,6 +231,7 @@ class SwarmIsland(RoundsMixin):
         if not self.done:
             self._keep_fetching(rnd)
             rnd.arrived = rnd.arrived or self._mix_if_arrived(rnd)
+            self._mix_pushed(rnd)
         self._tell_ranks(STOP if self.done else NEW_ROUND if ended else SYNC if self.weights_changed else CARRY_ON)
         self._returned_at = time.monotonic()
 
@@ -264,7 +280,8 @@ class SwarmIsland(RoundsMixin):
         return {"peer_id": self.peer_id, "name": self.name, "initial_loss": self.initial_loss,
                 "eval_loss": self.eval_loss, "version": self.version, "tokens": self.own_tokens,
                 "rounds": self.round, "mixes": self.mixes, "refused": self.refused, "utilization": self.utilization(),
-                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out}
+                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "reach": self.reach.mode,
+                "pushes_sent": self.gossip.pushes["sent"], "pushes_taken": self.server.stats()["pushes_stored"]}
 
     # -- state -----------------------------------------------------------------------------------
     def _parts(self) -> dict[str, Any]:
@@ -289,6 +306,7 @@ class SwarmIsland(RoundsMixin):
 
     def publish(self) -> None:
         self.publisher.publish()
+        self.gossip.push_to_relay()
 
     def record(self, tokens_per_s: float = 0.0) -> IslandRecord:
         """This island's discovery record (link rates: see `LinkRates`)."""
@@ -301,7 +319,7 @@ class SwarmIsland(RoundsMixin):
                             bytes_received=self.bytes_in, last_partner=self.last_partner, refused=self.refused,
                             last_refused=self.last_refused,
                             started_at=self.started_at, published_at=self.publisher.published_at,
-                            timestamp=time.time(), model=self.fingerprint)
+                            timestamp=time.time(), model=self.fingerprint, reach=self.reach.mode)
 
     def wait_for_members(self, count: int, timeout: float) -> bool:
         """Wait until discovery shows `count` islands, this one included (at most `timeout` s, or

@@ -14,7 +14,10 @@ island. A candidate's weight multiplies:
   consecutive failure (2 s .. 60 s); a member whose states were refused before mixing (implausible,
   non-finite) `REFUSALS_TO_DROP` times is never chosen again;
 - variety: the partner of the previous round counts half;
-- model: a member whose record shows another model fingerprint is never a candidate.
+- model: a member whose record shows another model fingerprint is never a candidate;
+- who can dial whom: a member that runs outbound-only (`reach="outbound"`, behind a NAT) cannot be
+  dialled, so it is a candidate only through the bootstrap's relay (`relay=True`); without one it
+  still reaches this island by pushing its state when it fetches from us (`peers.reach`).
 
 The caller may also ask only for members that have reached a version (`min_version`) and that
 were not among its last two partners (`skip_recent=True`, while other live members remain): the
@@ -45,9 +48,9 @@ MAX_SPEED_FACTOR = 4.0
 LAST_PARTNER_FACTOR = 0.5
 """The partner of the previous round weighs this much (variety), unless it is the only candidate."""
 RATE_SMOOTHING = 0.5
+"""Weight of a new measured download rate against the remembered one (exponential average)."""
 REFUSALS_TO_DROP = 3
 """A member whose states were refused this many times is never chosen again."""
-"""Weight of a new measured download rate against the remembered one (exponential average)."""
 
 
 @dataclass
@@ -64,6 +67,8 @@ class PartnerChooser:
     max_staleness: int = 8
     model: str = ""
     """This island's model fingerprint: members showing another one are skipped ("" matches all)."""
+    relay: bool = False
+    """The bootstrap relays states, so outbound-only members can be fetched through it."""
     rng: random.Random = field(default_factory=random.Random)
     clock: callable = time.monotonic
     history: dict[str, _PeerHistory] = field(default_factory=dict)
@@ -90,6 +95,7 @@ class PartnerChooser:
                   if pid != self.self_id and pid not in avoid and pid not in self.excluded
                   and r.state in ("training", "syncing") and r.tokens > 0
                   and r.version >= min_version and self._same_model(pid, r)
+                  and (r.reach == "direct" or self.relay)
                   and own_version - r.version <= self.max_staleness
                   and self.history.get(pid, _PeerHistory()).retry_after <= now}
         if not others:

@@ -52,6 +52,8 @@ class Round:
     """Past H: when to stop training on (set once H steps are done)."""
     refused_from: list = field(default_factory=list)
     """Partners whose state was refused mid-round (the round then looks for another one)."""
+    pushed_in: list = field(default_factory=list)
+    """States outbound-only members pushed to this island this round: partner, weight, staleness."""
 
     @classmethod
     def begin(cls, island: Any, last_compute_s: float) -> Round:
@@ -112,9 +114,10 @@ class RoundsMixin:
         partner = self.chooser.choose(members, v, min_version=v - 1, skip_recent=True)
         return partner is not None and self.gossip.start(partner, min_version=v, wait_until=fresh_until)
 
-    def _take_partner(self) -> tuple[list[PartnerState], dict]:
-        """The fetched partner state, if one arrived, checked against this model, and its figures."""
-        result = self.gossip.take()
+    def _take_partner(self, result=None) -> tuple[list[PartnerState], dict]:
+        """The fetched partner state (or the pushed one given), if one arrived, checked against this
+        model, and its figures. A pushed state gets every check a fetched one gets."""
+        result = result or self.gossip.take()
         if result is None:
             return [], {"partner": None, "fetch_s": None, "bytes_in": 0}
         info = {"partner": result.peer_id, "fetch_s": round(result.seconds, 3), "wait_s": round(result.waited_s, 3),
@@ -125,7 +128,8 @@ class RoundsMixin:
                 return self._refuse(result.peer_id, result.error, info)
             self.chooser.failed(result.peer_id)
             return [], info
-        self.chooser.succeeded(result.peer_id, result.nbytes, result.seconds)
+        if not result.pushed:
+            self.chooser.succeeded(result.peer_id, result.nbytes, result.seconds)
         self.bytes_in += result.nbytes
         try:
             state = partner_state(result.snapshot, self.outer.state.phi.numel(), self.fingerprint, self.run_digest)
@@ -169,7 +173,7 @@ class RoundsMixin:
         The anchor and the running weights move together, so the rest of the round trains from the
         mixed point. Returns the exchange's figures, or None while nothing has arrived.
         """
-        if self.diloco.mix_at != "arrival" or self.gossip.busy:
+        if self.diloco.mix_at != "arrival" or not self.gossip.has_result:  # (it may still be pushing ours)
             return None
         partners, info = self._take_partner()
         if info["partner"] is None:
@@ -186,6 +190,22 @@ class RoundsMixin:
             self._count_mix(info)
         return info
 
+    def _mix_pushed(self, rnd: Round, at_end: bool = False) -> None:
+        """Mix a state an outbound-only member pushed to us (`peers.reach`): between inner steps when
+        mixing on arrival, else (and for one that arrived after the last step) at the round's end."""
+        if not self.inbox.has_result or (self.diloco.mix_at != "arrival" and not at_end):
+            return
+        result = self.inbox.take()
+        partners, info = self._take_partner(result)
+        entry = {"partner": result.peer_id, "weight": 0.0, **({"refused": info["refused"]} if "refused" in info else {})}
+        if partners:
+            entry["staleness"] = self.outer.state.version - partners[0].version
+            entry["weight"] = self.outer.mix_arrived(partners[0])
+            if entry["weight"]:
+                self.mixes += 1
+                self.weights_changed = True
+        rnd.pushed_in.append(entry)
+
     def _count_mix(self, info: dict) -> None:
         if info.get("weight"):
             self.mixes += 1
@@ -197,8 +217,10 @@ class RoundsMixin:
         outer, steps = self.outer, self.outer.round_steps
         if not self.guard.weights_finite():  # never an outer step from non-finite weights
             self.guard.roll_back("non-finite weights at the round's end")
+        self._mix_pushed(rnd, at_end=True)  # one pushed to us after the last inner step
         partners, info = self._take_partner()  # a fetch that arrived after the last inner step
         weights = outer.end_round(partners, tokens=rnd.tokens)
+        self.inbox.new_round()
         self.weights_changed = True
         if partners:
             info["weight"], info["staleness"] = weights[0], outer.state.version - 1 - partners[0].version
@@ -214,4 +236,6 @@ class RoundsMixin:
         self.membership.announce(self.record(self.tokens_per_s(rnd)))
         if rnd.refused_from:
             info["refused_from"] = rnd.refused_from
+        if rnd.pushed_in:
+            info["pushed_in"] = rnd.pushed_in
         self._log_round(info, steps, rnd.compute_s)

@@ -10,7 +10,8 @@ import threading
 
 import click
 
-from p2p_diloco.config import DISCOVERY_KINDS, DiscoveryConfig
+from p2p_diloco.cli.options import secret_options, swarm_secret
+from p2p_diloco.config import DISCOVERY_KINDS, DiscoveryConfig, NetworkConfig
 from p2p_diloco.errors import P2PDiLoCoError
 
 
@@ -24,15 +25,27 @@ from p2p_diloco.errors import P2PDiLoCoError
 @click.option("--announce-host", default=DiscoveryConfig.announce_host, help="Address islands should dial (needed with --host 0.0.0.0).")
 @click.option("--discovery", type=click.Choice(DISCOVERY_KINDS), default=DiscoveryConfig.discovery, show_default=True,
               help="auto: DHT node and rendezvous (rendezvous only if libp2p fails); dht: DHT only; zmq: rendezvous only.")
-def bootstrap(host, port, identity, addr_file, rendezvous_port, announce_host, discovery):
+@click.option("--relay", is_flag=True, help="Also relay states for islands nobody can dial (behind NAT), on PORT+2 "
+              "(or --relay-port): for a swarm with no reachable island but this node.")
+@click.option("--relay-port", type=int, default=None, help="Port of the relay (default: DHT port + 2).")
+@click.option("--relay-upload-mbps", type=float, default=100.0, show_default=True,
+              help="Upload cap of the relay, Mbit/s (what it serves plus what it lets islands push).")
+@secret_options("The run's swarm secret, needed by --relay in a run that has one (the relay speaks the exchange's "
+                "encryption); the node itself never needs it.")
+def bootstrap(host, port, identity, addr_file, rendezvous_port, announce_host, discovery, relay, relay_port,
+              relay_upload_mbps, **kw):
     """Host a bootstrap node and print the addresses islands pass to --bootstrap."""
     from p2p_diloco.bootstrap import BootstrapNode
 
     if logging.getLogger().level > logging.INFO:
         logging.getLogger().setLevel(logging.INFO)  # the join/leave log is what a bootstrap node is watched for
     try:
+        secret = swarm_secret(kw)
+        if secret and not relay:
+            raise click.UsageError("--secret/--secret-file is used only by --relay (the node never needs it)")
+        relay_cfg = NetworkConfig(max_upload_mbps=relay_upload_mbps, secret=secret) if relay else None
         node = BootstrapNode(host=host, port=port, identity=identity, rendezvous_port=rendezvous_port,
-                             discovery=discovery, announce_host=announce_host)
+                             discovery=discovery, announce_host=announce_host, relay=relay_cfg, relay_port=relay_port)
     except P2PDiLoCoError as e:
         raise click.ClickException(str(e)) from e
     stop, received = threading.Event(), []

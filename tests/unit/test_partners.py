@@ -88,3 +88,9 @@ def test_a_member_running_another_model_is_never_chosen_and_logged_once(caplog):
     for _ in range(3):
         assert set(c.candidates(members, 5)) == {"same", "unknown"}
     assert sum("runs another model" in r.message for r in caplog.records) == 1
+
+
+def test_an_outbound_only_member_is_a_candidate_only_through_a_relay():
+    members = {"a": rec("a"), "natted": rec("natted").replace(reach="outbound")}
+    assert set(chooser().candidates(members, 5)) == {"a"}  # nobody can dial it: its pushes reach us instead
+    assert set(chooser(relay=True).candidates(members, 5)) == {"a", "natted"}

@@ -1,0 +1,128 @@
+"""Who can dial whom: the reachability check at start, and the states pushed by islands nobody can dial.
+
+An island behind a NAT or a firewall can open connections but not accept them. At start it asks
+the bootstrap node to dial its snapshot server back (`discovery.reachability`); when that fails it
+says so in one line that tells its owner what to fix, and runs **outbound-only**: its record says
+`reach="outbound"`, its DHT node runs in client mode, and each time it fetches from a reachable
+partner it pushes its own state over the same connection (`exchange.push`), so its training still
+reaches the swarm. Two outbound-only islands learn from each other through the reachable ones they
+both mix with, or through the bootstrap's relay when it runs one (`bootstrap --relay`).
+
+`PushInbox` is the receiving side inside a reachable island: it admits a push only from a member
+that is outbound-only, of this model and run, and only while it has room (one pushed state per
+round, so a crowd of NATed islands cannot flood a reachable one), measures the arrived state's
+distance on a thread of its own, and hands it to the round as a fetched state is handed over: the
+same checks, the same weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+from p2p_diloco.config import DiscoveryConfig, IslandConfig
+from p2p_diloco.peers.gossip import FetchResult
+
+log = logging.getLogger(__name__)
+DIALBACK_TIMEOUT_S = 5.0
+"""How long the check waits for the bootstrap node's answer (its own dial gives up after 3 s)."""
+
+
+@dataclass(frozen=True)
+class Reach:
+    mode: str
+    """`direct` (others can dial this island) or `outbound` (it only opens connections)."""
+    relay: str | None = None
+    """The bootstrap's relay endpoint, when it runs one."""
+
+
+def check_reach(island_cfg: IslandConfig, discovery: DiscoveryConfig, endpoint: str) -> Reach:
+    """Decide this island's mode: ask the bootstrap node to dial `endpoint` back (which also says
+    whether it relays), and go by its answer with `IslandConfig.reach="auto"`, else by the setting.
+    Logs the one line a person needs when others cannot reach the island."""
+    from p2p_diloco.discovery.reachability import check_reachable, unreachable_message
+
+    if not discovery.bootstrap:  # the first island of a swarm: nobody to ask, nobody to push to
+        return Reach(mode="outbound" if island_cfg.reach == "outbound" else "direct")
+    answer = check_reachable(discovery.bootstrap, endpoint, discovery.run_id, DIALBACK_TIMEOUT_S)
+    if island_cfg.reach != "auto":
+        return Reach(mode=island_cfg.reach, relay=answer.relay)
+    if answer.reachable is None:
+        log.info("could not check whether %s is reachable from outside (%s); assuming it is", endpoint, answer.reason)
+        return Reach(mode="direct", relay=answer.relay)
+    if answer.reachable:
+        log.info("reachable from outside at %s", endpoint)
+        return Reach(mode="direct", relay=answer.relay)
+    log.warning("%s", unreachable_message(endpoint, answer, island_cfg.port, discovery.port or None))
+    return Reach(mode="outbound", relay=answer.relay)
+
+
+class PushInbox:
+    """Pushed states arriving at a reachable island, on their way to being mixed (see the module
+    docstring); the island server's `exchange.push.PushPolicy`."""
+
+    def __init__(self, island) -> None:
+        self.island = island
+        self._lock = threading.Lock()
+        self._result: FetchResult | None = None
+        self._arriving = False
+        self._taken_this_round = False
+
+    @property
+    def has_result(self) -> bool:
+        with self._lock:
+            return self._result is not None
+
+    def new_round(self) -> None:
+        """One pushed state may be taken per round."""
+        with self._lock:
+            self._taken_this_round = False
+
+    def admit(self, manifest) -> tuple[str, str] | None:
+        """Before a push's bytes flow (on the server's thread): None to take it, else (code, reason)."""
+        isl, meta = self.island, manifest.meta
+        if not getattr(isl, "_started", False):
+            return "busy", "this island is still starting"
+        peer = meta.get("peer_id")
+        member = isl.membership.members().get(peer) if isinstance(peer, str) else None
+        if member is None or member.reach != "outbound":
+            return "refused", "pushes are taken only from members that run outbound-only"
+        if peer in isl.chooser.excluded:
+            return "refused", "this island no longer mixes that member's states (refused too often)"
+        for key, ours in (("model", isl.fingerprint), ("run", isl.run_digest)):
+            if str(meta.get(key, "")) != ours:
+                return "refused", f"a state of another {'model' if key == 'model' else 'run'}"
+        with self._lock:
+            if self._result is not None or self._arriving or self._taken_this_round:
+                return "busy", "this island already took a pushed state this round; push to another partner"
+            self._arriving = True
+        return None
+
+    def dropped(self, manifest) -> None:
+        """An admitted push failed on its way: room for another."""
+        with self._lock:
+            self._arriving = False
+
+    def stored(self, pushed) -> None:
+        """A whole, checked push arrived (server thread): measure it on a thread of its own."""
+        threading.Thread(target=self._measure, args=(pushed,), name="push-measure", daemon=True).start()
+
+    def _measure(self, pushed) -> None:
+        from p2p_diloco.exchange.client import Snapshot
+
+        m = pushed.manifest
+        snap = Snapshot(tensors=pushed.tensors, version=m.version, tokens=m.tokens, meta=dict(m.meta), nbytes=m.total,
+                        seconds=pushed.seconds, endpoint=f"a push from {pushed.address}", stats=None, manifest=m)
+        distance = self.island.gossip.measured(snap)
+        result = FetchResult(str(m.meta.get("peer_id")), snap, None, pushed.seconds, m.total, distance=distance,
+                             pushed=True)
+        with self._lock:
+            self._result, self._arriving = result, False
+
+    def take(self) -> FetchResult | None:
+        with self._lock:
+            result, self._result = self._result, None
+            if result is not None:
+                self._taken_this_round = True
+            return result

@@ -1,0 +1,68 @@
+"""The receiving side of pushes inside an island (`peers.reach.PushInbox`): who may push, how many,
+and how a pushed state is handed to the round, measured like a fetched one."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from p2p_diloco.discovery.records import IslandRecord
+from p2p_diloco.exchange import payload
+from p2p_diloco.exchange.push import Pushed
+from p2p_diloco.peers.reach import PushInbox
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _island(**members):
+    records = {pid: IslandRecord(peer_id=pid, endpoint="tcp://10.0.0.9:7000", version=3, tokens=10, reach=reach)
+               for pid, reach in members.items()}
+    return SimpleNamespace(_started=True, fingerprint="f" * 16, run_digest="r" * 16,
+                           membership=SimpleNamespace(members=lambda: records),
+                           chooser=SimpleNamespace(excluded=set()),
+                           gossip=SimpleNamespace(measured=lambda snap: 0.25))
+
+
+def _manifest(peer="nat", model="f" * 16, run="r" * 16):
+    return payload.pack({"phi": torch.ones(1000)}, "int8", version=3, tokens=10,
+                        meta={"peer_id": peer, "model": model, "run": run})
+
+
+def test_only_outbound_only_members_of_this_model_and_run_may_push():
+    inbox = PushInbox(_island(nat="outbound", pub="direct"))
+    assert inbox.admit(_manifest("pub")[0]) == ("refused", "pushes are taken only from members that run outbound-only")
+    assert inbox.admit(_manifest("stranger")[0])[0] == "refused"  # not a member at all
+    assert "another model" in inbox.admit(_manifest(model="0" * 16)[0])[1]
+    assert "another run" in inbox.admit(_manifest(run="0" * 16)[0])[1]
+    inbox.island.chooser.excluded.add("nat")
+    assert "refused too often" in inbox.admit(_manifest()[0])[1]
+
+
+def test_one_pushed_state_per_round_then_busy_and_a_failed_push_frees_the_room():
+    inbox = PushInbox(_island(nat="outbound", other="outbound"))
+    manifest, buf = _manifest()
+    assert inbox.admit(manifest) is None
+    assert inbox.admit(_manifest("other")[0])[0] == "busy"  # one already on its way
+    inbox.dropped(manifest)  # it failed (bad bytes, a vanished sender): room again
+    assert inbox.admit(manifest) is None
+    asm = payload.Assembler(manifest, keep_encoded=True)
+    asm.accept(0, memoryview(buf.numpy()))
+    inbox.stored(Pushed(manifest=manifest, tensors=asm.result(), raw=asm.raw, address="10.0.0.9", seconds=0.1))
+    deadline = time.monotonic() + 5
+    while not inbox.has_result:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    result = inbox.take()
+    assert result.pushed and result.peer_id == "nat" and result.distance == 0.25 and result.snapshot.version == 3
+    assert inbox.admit(_manifest("other")[0])[0] == "busy"  # this round took one already
+    inbox.new_round()
+    assert inbox.admit(_manifest("other")[0]) is None
+
+
+def test_nothing_is_taken_before_the_island_has_started():
+    isl = _island(nat="outbound")
+    isl._started = False
+    assert PushInbox(isl).admit(_manifest()[0])[0] == "busy"
