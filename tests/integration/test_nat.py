@@ -11,6 +11,7 @@ apt-get), outside any test's timeout, and the tests here skip with its reason wh
 
 from __future__ import annotations
 
+import json
 import select
 import signal
 import subprocess
@@ -136,7 +137,15 @@ def _train(islands: list[IslandProc], until, timeout: float) -> list[dict]:
     return [isl.summary(60, expect=143) for isl in islands]
 
 
-def _learned(summaries: list[dict]) -> None:
+def _learned(summaries: list[dict], islands: list[IslandProc]) -> None:
+    """Loss fell on every island; prints each one's figures (`pytest -s` shows them: BENCHMARKS.md)."""
+    ids = {isl.peer_id: isl.name for isl in islands}
+    for isl, s in zip(islands, summaries):
+        print(json.dumps({"island": isl.name, "reach": s["reach"], "rounds": s["rounds"],
+                          "initial_loss": round(s["initial_loss"], 3), "eval_loss": round(s["eval_loss"], 3),
+                          "fetched_and_mixed": sorted(ids.get(p, p) for p in isl.mixed_partners()),
+                          "pushed_to_it_and_mixed": {ids[p]: _pushed_from(isl, p) for p in ids if _pushed_from(isl, p)},
+                          "pushes_sent": s["pushes_sent"], "bytes_out": s["bytes_out"]}))
     at_init = max(s["initial_loss"] for s in summaries)
     for s in summaries:
         assert s["eval_loss"] < at_init - 0.8, s
@@ -157,7 +166,7 @@ def test_an_island_behind_nat_takes_part_without_port_forwarding(procs, tmp_path
     # its updates reach the others (they mixed the states it pushed) and it learns from them
     assert sum(_pushed_from(r, nat_id) for r in reachable) >= 2 and summaries[2]["pushes_sent"] >= 2
     assert natted.mixed_partners() <= {r.peer_id for r in reachable}
-    _learned(summaries)
+    _learned(summaries, [*reachable, natted])
 
 
 @pytest.mark.timeout(240)
@@ -172,7 +181,7 @@ def test_two_islands_behind_nat_learn_through_a_reachable_one(procs, tmp_path, n
                        and all(n.mixed_partners() for n in natted), 200)
     assert [s["reach"] for s in summaries] == ["direct", "outbound", "outbound"]
     assert all(n.mixed_partners() == {hub.peer_id} for n in natted)  # they cannot dial each other
-    _learned(summaries)
+    _learned(summaries, [hub, *natted])
 
 
 @pytest.mark.timeout(240)
@@ -186,4 +195,4 @@ def test_the_bootstrap_relay_carries_a_swarm_with_no_reachable_island(procs, tmp
                        200)
     assert [s["reach"] for s in summaries] == ["outbound", "outbound"]
     assert "relaying states" in (tmp_path / "boot.log").read_text()
-    _learned(summaries)
+    _learned(summaries, natted)
