@@ -281,7 +281,8 @@ class SwarmIsland(RoundsMixin):
                 "eval_loss": self.eval_loss, "version": self.version, "tokens": self.own_tokens,
                 "rounds": self.round, "mixes": self.mixes, "refused": self.refused, "utilization": self.utilization(),
                 "bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "reach": self.reach.mode,
-                "pushes_sent": self.gossip.pushes["sent"], "pushes_taken": self.server.stats()["pushes_stored"]}
+                "pushes_sent": self.gossip.pushes["sent"], "pushes_failed": self.gossip.pushes["failed"],
+                "pushes_taken": self.server.stats()["pushes_stored"]}
 
     # -- state -----------------------------------------------------------------------------------
     def _parts(self) -> dict[str, Any]:
