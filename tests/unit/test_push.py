@@ -178,3 +178,28 @@ def test_push_messages_round_trip_and_a_put_must_be_two_frames():
     assert wire.decode_request(put).payload.tobytes() == b"abc"
     with pytest.raises(Exception, match="2 frame"):
         wire.decode_request(put[:1])
+
+
+def test_with_a_swarm_secret_only_members_push_and_a_relay_needs_the_secret(servers):
+    from p2p_diloco.errors import AuthRefused
+
+    secret = NetworkConfig(compression="int8", secret="correct horse")
+    policy = Policy()
+    srv = SnapshotServer(config=secret, pushes=policy)
+    relay = SnapshotServer(config=secret, relay=True)
+    try:
+        srv.publish(_state(0), version=1, tokens=1)
+        manifest, buf = _own(1)
+        with Fetcher(srv.endpoint, secret) as f:  # over CurveZMQ, as a member
+            f.manifest(timeout=5)
+            f.push(manifest, memoryview(buf.numpy()), timeout=5)
+        with Fetcher(relay.endpoint, secret) as f:
+            f.push(manifest, memoryview(buf.numpy()), timeout=5)
+        for endpoint in (srv.endpoint, relay.endpoint):
+            with Fetcher(endpoint, NetworkConfig()) as f, pytest.raises(AuthRefused):  # no secret: no handshake
+                f.push(manifest, memoryview(buf.numpy()), timeout=5)
+        _wait_for(lambda: policy.got)
+        assert len(policy.got) == 1 and relay.relayed() == {"pusher": 3}
+    finally:
+        srv.close()
+        relay.close()
