@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 RCVHWM = 64
 """Requests queued per connection before ZeroMQ stops reading it (TCP back-pressure, nothing
 dropped): with pushes a frame may hold 1 MiB, so this bounds a connection's queue to 64 MiB."""
+BACKLOG_SLACK = 64
+"""Replies held for a connection that stopped reading, beyond the protocol's limit, before more are
+dropped (only a client that ignores `busy` gets there)."""
 RELAY_MAX_PEERS = 64
 """A relay keeps the latest pushed state of at most this many peers (the least recently pushed goes)."""
 
@@ -78,13 +81,14 @@ class SnapshotServer:
         self._stats = {"requests": 0, "manifests_served": 0, "chunks_served": 0, "bytes_sent": 0,
                        "payload_bytes_sent": 0, "auth_refused": 0, "rejected": {}}
         self._sent_log: deque[tuple[float, int]] = deque(maxlen=4096)
+        self._backlog: dict[bytes, deque] = {}  # replies ZeroMQ could not take yet, per connection
         try:
             self._sock = self._ctx.socket(zmq.ROUTER)
             self._sock.linger = 0
             self._sock.setsockopt(zmq.MAXMSGSIZE, max(wire.MAX_OFFER_BYTES, wire.MAX_PUT) + wire.FRAME_OVERHEAD)
             self._sock.router_mandatory = 1  # sending to a peer that left raises, so its backlog can go
             self._sock.rcvhwm = RCVHWM
-            self._sock.sndhwm = 4 * wire.MAX_INFLIGHT
+            self._sock.sndhwm = 2 * wire.MAX_INFLIGHT  # past it, replies wait in `_backlog` (and `busy` is sent)
             if self.config.secret is not None:
                 keys = swarm_keys(self.config.secret)
                 self._auth = zmq.auth.thread.ThreadAuthenticator(self._ctx, log=logging.getLogger(__name__ + ".zap"))
@@ -203,6 +207,8 @@ class SnapshotServer:
                             log.exception("error while handling a request; still serving")
                 if self._monitor in events:
                     self._drain_monitor()
+                if self._backlog:
+                    self._flush_backlog()
                 if len(self._pacer):
                     for ident, frames, nbytes in self._pacer.pop_due():
                         self._send(ident, frames, nbytes)
@@ -238,20 +244,45 @@ class SnapshotServer:
         else:
             self._send(ident, frames, nbytes)
 
-    def _send(self, ident: bytes, frames: list[Any], nbytes: int) -> None:
+    def _send(self, ident: bytes, frames: list[Any], nbytes: int) -> bool:
+        """Hand a reply to ZeroMQ; one it cannot take now (the peer is not reading) waits in the
+        connection's backlog, in order. False when it was not sent now."""
+        backlog = self._backlog.get(ident)
+        if backlog:  # keep the order: behind what already waits
+            self._hold(ident, backlog, frames, nbytes)
+            return False
         with self._lock:  # counted first: the peer may read the reply before send_multipart returns
             self._stats["bytes_sent"] += nbytes
             self._sent_log.append((time.monotonic(), nbytes))
         try:
             self._sock.send_multipart([ident, *frames], flags=zmq.NOBLOCK, copy=False)
+            return True
         except zmq.ZMQError as e:
-            if e.errno == zmq.EHOSTUNREACH:  # the peer left: forget what is still queued for it
-                dropped = self._pacer.drop(ident)
-                log.info("a peer left mid-exchange; dropped %d replies queued for it", dropped + 1)
-            else:  # its queue is full (it broke the in-flight limit): it will time out
-                self._reject("send", "dropped a reply: %s", e)
             with self._lock:
                 self._stats["bytes_sent"] -= nbytes
+            if e.errno == zmq.EHOSTUNREACH:  # the peer left: forget what is still queued for it
+                dropped = self._pacer.drop(ident) + len(self._backlog.pop(ident, ()))
+                self._push.forget(ident)
+                log.info("a peer left mid-exchange; dropped %d replies queued for it", dropped + 1)
+            else:  # its queue is full: it stopped reading (or broke the in-flight limit)
+                self._hold(ident, self._backlog.setdefault(ident, deque()), frames, nbytes)
+            return False
+
+    def _hold(self, ident: bytes, backlog: deque, frames: list[Any], nbytes: int) -> None:
+        if len(backlog) >= wire.MAX_INFLIGHT + 8 + BACKLOG_SLACK:
+            self._reject("send", "dropped a reply to a connection that reads nothing and ignores busy")
+            return
+        backlog.append((frames, nbytes))
+
+    def _flush_backlog(self) -> None:
+        """Send what waits for connections that read again, in order, until one is full again."""
+        for ident in list(self._backlog):
+            backlog = self._backlog.pop(ident)
+            while backlog:
+                frames, nbytes = backlog.popleft()
+                if not self._send(ident, frames, nbytes):  # full again: the rest waits behind it
+                    self._backlog.setdefault(ident, deque()).extend(backlog)
+                    break
 
     def _error(self, ident: bytes, rid: int, code: str, message: str, peer: str) -> None:
         assert code in wire.ERROR_CODES, code
@@ -281,7 +312,7 @@ class SnapshotServer:
         except ProtocolError as e:  # the rid is echoed whenever it could be read
             self._error(ident, getattr(e, "rid", 0), "bad_request", str(e), peer)
             return
-        if self._pacer.held(ident) >= wire.MAX_INFLIGHT + 8:  # slack for the manifest and errors
+        if self._pacer.held(ident) + len(self._backlog.get(ident, ())) >= wire.MAX_INFLIGHT + 8:  # slack: manifest, errors
             self._error(ident, req.rid, "busy", f"more than {wire.MAX_INFLIGHT} requests outstanding", peer)
         elif isinstance(req, wire.Hello):
             self._hello(ident, req, peer)

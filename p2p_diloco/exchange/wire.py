@@ -160,9 +160,13 @@ def _unpack(frame: Any, limit: int) -> dict[str, Any]:
     view = memoryview(frame)
     if view.nbytes > limit:
         raise ProtocolError(f"header of {view.nbytes} bytes exceeds the {limit}-byte limit")
+    # A small header cannot hold more entries than bytes, so any array, map or ext type an unknown
+    # (later 1.x) field brings is parsed and ignored; a large one (a manifest) keeps tight limits
+    small = limit <= MAX_REPLY_HEADER_BYTES
     try:
-        d = msgpack.unpackb(view, raw=False, strict_map_key=True, max_str_len=limit, max_bin_len=limit, max_array_len=max(MAX_TENSORS, 16),
-                            max_map_len=max(MAX_META_ITEMS, 16), max_ext_len=0)
+        d = msgpack.unpackb(view, raw=False, strict_map_key=True, max_str_len=limit, max_bin_len=limit,
+                            max_array_len=limit if small else max(MAX_TENSORS, 16),
+                            max_map_len=limit if small else max(MAX_META_ITEMS, 16), max_ext_len=limit if small else 0)
     except Exception as e:  # msgpack raises many types (ValueError, ExtraData, StackError, ...)
         raise ProtocolError(f"malformed msgpack header: {type(e).__name__}: {e}") from e
     if not isinstance(d, dict):

@@ -227,3 +227,26 @@ def test_endpoint_announces_another_host_and_the_os_chosen_port(server):
         assert host_port[0] == "tcp://island-7.example" and int(host_port[1]) > 0
     finally:
         srv.close()
+
+
+def test_a_client_past_the_request_limit_is_told_busy_even_without_link_emulation(server):
+    srv = server()
+    m = srv.publish({"phi": torch.randn(16_384)}, version=1, tokens=0)  # one 64 KiB block
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(srv.endpoint)
+    try:
+        n = 2_499  # pipelined, none read: far past the 256 the protocol allows
+        for rid in range(1, n + 1):
+            sock.send_multipart(wire.encode(wire.GetChunk(rid=rid, sid=m.sid, offset=0, length=m.block)))
+        assert _eventually(lambda: srv.stats()["requests"] == n, timeout=20)
+        replies = []
+        while sock.poll(2000):
+            replies.append(wire.decode_reply(sock.recv_multipart(copy=False)))
+        busy = [r for r in replies if isinstance(r, wire.ErrorReply) and r.code == "busy"]
+        chunks = [r for r in replies if isinstance(r, wire.ChunkReply)]
+        assert busy and chunks and len(busy) + len(chunks) == len(replies) <= n
+        assert {r.rid for r in replies} <= set(range(1, n + 1))
+    finally:
+        sock.close()
+    assert fetch(srv.endpoint, timeout=10).version == 1  # and it serves the next client as before

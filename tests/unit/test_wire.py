@@ -184,3 +184,12 @@ def test_any_input_decodes_or_raises_protocol_error(frames):
             decode(frames)
         except ProtocolError:
             pass
+
+
+def test_unknown_fields_of_any_shape_are_ignored_in_small_headers():
+    big = {"v": [1, 1], "t": "hello", "rid": 9, "prefetch": 0, "chunk": 0,
+           "later": list(range(300)), "more": {str(i): i for i in range(100)}, "ext": msgpack.ExtType(5, b"xyz")}
+    assert wire.decode_request([msgpack.packb(big, use_bin_type=True)]) == wire.Hello(rid=9)
+    bad = {**big, "rid": msgpack.ExtType(1, b"x")}  # in a known field, an ext is still refused
+    with pytest.raises(ProtocolError, match="rid"):
+        wire.decode_request([msgpack.packb(bad, use_bin_type=True)])
