@@ -80,7 +80,9 @@ def test_slow_island_does_not_slow_the_others(procs, tmp_path):
         inner = sum(r["inner_s"] for r in rows[1:])
         assert inner / wall > 0.8, (inner, wall)  # fast islands never wait for the slow one
         assert s["version"] >= 12
-    assert len(slow.rounds()) < 6  # it really is slower
+    # it really is slower: its rate, not its round count (it trains alone while the others start up)
+    rate = lambda isl: statistics.median(r["tokens_per_s"] for r in isl.rounds())  # noqa: E731
+    assert rate(slow) < min(rate(f) for f in fast) / 3
     slow.signal(signal.SIGTERM)
     assert slow.proc.wait(30) == 143
 
