@@ -188,6 +188,11 @@ class PushReceiver:
         for ident in [k for k, inc in self._incoming.items() if now - inc.last_put > STALL_S]:
             self._drop(ident)
 
+    def forget(self, ident: bytes) -> None:
+        """The connection went away: its push (if any) is dropped, and its fetch no longer counts."""
+        self._drop(ident)
+        self._hello_at.pop(ident, None)
+
     def _drop(self, ident: bytes) -> None:
         inc = self._incoming.pop(ident, None)
         if inc is not None:

@@ -203,3 +203,18 @@ def test_with_a_swarm_secret_only_members_push_and_a_relay_needs_the_secret(serv
     finally:
         srv.close()
         relay.close()
+
+
+def test_a_connection_that_goes_away_drops_its_push_and_the_policy_hears_of_it():
+    from p2p_diloco.exchange.push import PushReceiver
+
+    policy = Policy()
+    receiver = PushReceiver(policy)
+    manifest, _ = _own(1)
+    receiver.saw_hello(b"conn", now=0.0)
+    grant, charge = receiver.offer(b"conn", wire.PushOffer(rid=1, manifest=manifest), "10.0.0.2", now=1.0)
+    assert grant.upto == charge == manifest.total  # a small state: granted whole at once
+    receiver.forget(b"conn")
+    assert policy.lost == [manifest]
+    with pytest.raises(Exception, match="fetched from"):  # and its fetch no longer counts
+        receiver.offer(b"conn", wire.PushOffer(rid=2, manifest=manifest), "10.0.0.2", now=2.0)
