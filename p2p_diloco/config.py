@@ -22,7 +22,8 @@ from typing import Any
 from p2p_diloco import addresses
 from p2p_diloco.errors import ConfigError
 
-MOMENTUM_MODES = ("mixed", "local")
+MOMENTUM_MODES = ("mixed", "local", "mixed-int4", "mixed-sign", "alternate", "alternate-int4", "same-version",
+                  "rescaled", "rescaled-int4", "partner-delta", "noloco")
 MIX_TIMES = ("arrival", "round-end")
 CODECS = ("fp32", "bf16", "fp16", "int8")
 """Payload codecs of exchanged state (`p2p_diloco.core.codecs` implements them)."""
@@ -153,15 +154,19 @@ class DiLoCoConfig:
     outer_momentum: float = 0.5
     """Outer Nesterov momentum mu (0.5: a run of a few dozen rounds never builds up 0.9; BENCHMARKS.md)."""
     momentum: str = "local"
-    """`mixed`: outer momentum mixed along with the weights; `local`: each island keeps its own."""
+    """`mixed`: mixed with the weights; `local`: each island keeps its own; others: `core.outer.BUFFER_MODES`."""
     mix_weight: float = 0.5
     """Base weight of a partner's state when both have equal tokens and no staleness."""
     token_weighting: bool = True
     """Scale the partner's weight by its share of tokens (a fresh joiner counts less)."""
+    max_token_ratio: float = 3.0
+    """A partner's claimed tokens count as at most this many times ours (its weight stays <= 0.75)."""
+    max_version_jump: int = 1
+    """Mixing raises the version by at most this much: no claimed version makes honest partners stale."""
     max_staleness: int = 8
     """A partner more than this many versions behind is skipped."""
     staleness_decay: float = 0.5
-    """Each version a partner is behind multiplies its weight by (1 - staleness_decay * lag / max_staleness)."""
+    """Slope d of the staleness discount 1 - d x - (1-d) x^2, x = lag / (max_staleness+1): smooth to 0."""
     mix_at: str = "arrival"
     """When a partner state fetched during a round is mixed. `arrival`: as soon as it arrives, into
     the anchor and the running weights alike, so the rest of the round trains from the mixed point;
@@ -185,6 +190,8 @@ class DiLoCoConfig:
         _require(self.mix_at in MIX_TIMES, s, "mix_at", f"one of {MIX_TIMES}", self.mix_at)
         _require(0 < self.mix_weight <= 1, s, "mix_weight", "in (0, 1]", self.mix_weight)
         _require(self.max_staleness >= 0, s, "max_staleness", ">= 0", self.max_staleness)
+        _require(self.max_token_ratio >= 1 and self.max_version_jump >= 0, s, "max_token_ratio/max_version_jump",
+                 ">= 1 and >= 0", (self.max_token_ratio, self.max_version_jump))
         _require(0 <= self.staleness_decay <= 1, s, "staleness_decay", "in [0, 1]", self.staleness_decay)
         _require(isinstance(self.offload_outer, bool), s, "offload_outer", "true or false", self.offload_outer)
 

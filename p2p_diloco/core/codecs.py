@@ -225,3 +225,65 @@ class EncodedVector:
            non_blocking: bool = False) -> torch.Tensor:
         out = self.float()
         return out if device is None else out.to(device, non_blocking=non_blocking)
+
+
+COARSE_CODECS = ("int4", "sign")
+"""Coarser codecs for the outer momentum only (simulator for now; `DiLoCoConfig.momentum`): `int4`
+holds 4-bit codes with one absmax scale per block of `INT8_BLOCK` values (code = round(x / scale),
+scale = absmax / 7), `sign` one bit per value with the block's mean |x| as its magnitude. Layout:
+`[scales: fp32 x n_blocks][codes: two int4 or eight signs per byte]`."""
+
+
+def coarse_nbytes(numel: int, codec: str) -> int:
+    """Bytes that `coarse_encode` produces for `numel` values."""
+    if codec not in COARSE_CODECS:
+        raise CodecError(f"unknown coarse codec {codec!r}; choose one of {', '.join(COARSE_CODECS)}")
+    per_byte = 2 if codec == "int4" else 8
+    return 4 * math.ceil(numel / INT8_BLOCK) + math.ceil(numel / per_byte)
+
+
+def coarse_encode(x: torch.Tensor, codec: str) -> torch.Tensor:
+    """Encode a flat fp32 tensor with a coarse codec as a flat uint8 tensor of `coarse_nbytes` bytes."""
+    coarse_nbytes(0, codec)
+    if x.dtype != torch.float32 or x.dim() != 1:
+        raise CodecError(f"encode expects a flat float32 tensor, got {x.dtype} with shape {tuple(x.shape)}")
+    n, per_byte = x.numel(), 2 if codec == "int4" else 8
+    n_blocks = math.ceil(n / INT8_BLOCK)
+    blocks = torch.zeros(n_blocks * INT8_BLOCK, dtype=torch.float32)
+    blocks[:n] = x.detach()
+    blocks = blocks.view(n_blocks, INT8_BLOCK)  # (n_blocks, INT8_BLOCK)
+    if codec == "int4":
+        scales = blocks.abs().amax(dim=1) / 7.0
+        safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+        codes = (torch.round(blocks / safe[:, None]).clamp_(-7, 7) + 8).to(torch.uint8).view(-1)  # 1..15
+    else:
+        counts = torch.full((n_blocks,), float(INT8_BLOCK))
+        if n_blocks:
+            counts[-1] = n - (n_blocks - 1) * INT8_BLOCK  # the last block may be partial
+        scales = blocks.abs().sum(dim=1) / counts
+        codes = (blocks >= 0).to(torch.uint8).view(-1)
+    codes = torch.cat([codes[:n], torch.zeros(-n % per_byte, dtype=torch.uint8)]).view(-1, per_byte)
+    weights = torch.tensor([16**k if codec == "int4" else 2**k for k in range(per_byte)], dtype=torch.int32)
+    packed = (codes.to(torch.int32) * weights).sum(dim=1).to(torch.uint8)  # (ceil(n / per_byte),)
+    return torch.cat([scales.view(torch.uint8), packed])
+
+
+def coarse_decode(buf: torch.Tensor, numel: int, codec: str) -> torch.Tensor:
+    """Decode a buffer made by `coarse_encode` back to `numel` fp32 values."""
+    expected = coarse_nbytes(numel, codec)
+    if buf.dtype != torch.uint8 or buf.dim() != 1 or buf.numel() != expected:
+        raise CodecError(f"{codec} payload of {numel} values must be a flat uint8 buffer of {expected} bytes")
+    n_blocks, per_byte = math.ceil(numel / INT8_BLOCK), 2 if codec == "int4" else 8
+    scales = buf[: 4 * n_blocks].contiguous().view(torch.float32)
+    packed = buf[4 * n_blocks :].to(torch.int32)
+    bits = 4 if codec == "int4" else 1
+    codes = torch.stack([(packed >> (bits * k)) & (2**bits - 1) for k in range(per_byte)], dim=1).view(-1)
+    values = (codes.float() - 8) if codec == "int4" else codes.float() * 2 - 1
+    padded = torch.zeros(n_blocks * INT8_BLOCK, dtype=torch.float32)
+    padded[:numel] = values[:numel]
+    return (padded.view(n_blocks, INT8_BLOCK) * scales[:, None]).view(-1)[:numel].contiguous()
+
+
+def coarse_roundtrip(x: torch.Tensor, codec: str) -> torch.Tensor:
+    """What the receiver sees after `x` travels with a coarse codec (used by the simulator)."""
+    return coarse_decode(coarse_encode(x, codec), x.numel(), codec)

@@ -23,7 +23,8 @@ from p2p_diloco.config import DiLoCoConfig, TrainConfig
 from p2p_diloco.core.data import BatchSampler
 from p2p_diloco.core.inner import InnerLoop
 from p2p_diloco.core.outer import (
-    OuterState, PartnerState, blend_, mix_counters_, mix_values_, mixing_weight, nesterov_, outer_update
+    OuterState, PartnerState, blend_, mix_counters_, mix_momentum_, mix_values_, mixing_weight, nesterov_,
+    outer_update, publishes_delta
 )
 from p2p_diloco.core.params import CHUNK, ParamSlices
 
@@ -35,7 +36,7 @@ class OuterLoop:
         self.name, self.model, self.cfg = name, model, cfg
         self.slices = ParamSlices(model)
         outer_device = torch.device("cpu") if getattr(cfg, "offload_outer", False) else self.slices.device
-        self.state = OuterState.fresh(self.slices.gather(outer_device), keep_delta=cfg.mix_pseudo_gradient)
+        self.state = OuterState.fresh(self.slices.gather(outer_device), keep_delta=publishes_delta(cfg))
         self.round_steps = 0
         self.arrived: list[tuple[PartnerState, float]] = []  # partners mixed during this round
         self.last_loss: float | None = None
@@ -71,14 +72,14 @@ class OuterLoop:
         self.arrived.append((partner if self.cfg.mix_pseudo_gradient else None, a))
         if a <= 0:
             return a
-        s, mixed_m = self.state, self.cfg.momentum == "mixed" and partner.m is not None
+        s = self.state
         for i, j, theta in self.slices:  # each slice of the partner's state decoded once
             theirs = partner.phi[i:j].to(s.phi.device, non_blocking=True)
-            theta.add_((theirs - s.phi[i:j]).mul_(a).to(theta.device, theta.dtype, non_blocking=True))
+            shift = (theirs - s.phi[i:j]).mul_(a)
+            theta.add_(shift.to(theta.device, theta.dtype, non_blocking=True))
             blend_(s.phi[i:j], theirs, a)
-            if mixed_m:
-                blend_(s.m[i:j], partner.m[i:j], a)
-        mix_counters_(s, partner, a)
+            mix_momentum_(s, partner, a, self.cfg, i, j, shift)
+        mix_counters_(s, partner, a, self.cfg)
         return a
 
     @torch.no_grad()
@@ -109,9 +110,11 @@ class OuterLoop:
                 if a > 0:
                     mix_values_(s, partner, a, self.cfg, i, j)
             nesterov_(s.phi[i:j], s.m[i:j], delta, lr, mu)
+            if s.delta is not None:  # kept for `momentum="partner-delta"`
+                s.delta[i:j].copy_(delta)
         for partner, a in weighted:
             if a > 0:
-                mix_counters_(s, partner, a)
+                mix_counters_(s, partner, a, self.cfg)
         s.version += 1
 
     @torch.no_grad()

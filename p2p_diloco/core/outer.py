@@ -16,6 +16,19 @@ import torch
 from p2p_diloco.config import DiLoCoConfig
 from p2p_diloco.core.params import CHUNK
 
+MOMENTUM_CODECS = {"mixed-int4": "int4", "mixed-sign": "sign", "alternate-int4": "int4", "rescaled-int4": "int4"}
+"""Momentum modes that publish the momentum with a coarser codec than the weights' (`codecs.COARSE_CODECS`)."""
+BUFFER_MODES = ("mixed", "mixed-int4", "mixed-sign", "alternate", "alternate-int4", "same-version", "rescaled",
+                "rescaled-int4")
+"""Momentum modes that blend the partner's momentum buffer into ours, like the anchor (issue 15, item 2):
+`mixed` as published (the weights' codec: twice the bytes), `mixed-int4` / `mixed-sign` through a coarser
+codec, `alternate` published on even versions only (`alternate-int4`: with 4 bits), `same-version`
+fetched and mixed only from a partner at our version, `rescaled` mixed and then scaled to the interpolated
+norm of the two buffers (directions that disagree no longer shrink it; `rescaled-int4`: with 4 bits). Two more modes mix no buffer:
+`partner-delta` adds `a` times the partner's last pseudo-gradient minus ours (the newest term of the
+buffer), `noloco` carries the mixing shift of the anchor into the momentum as NoLoCo's modified Nesterov
+step does (nothing extra on the wire)."""
+
 
 @dataclass
 class OuterState:
@@ -70,23 +83,40 @@ def nesterov_step(state: OuterState, delta: torch.Tensor, lr: float, mu: float) 
     nesterov_(state.phi, state.m, delta, lr, mu)
 
 
+def counted_tokens(cfg: DiLoCoConfig, own_tokens: int, claimed: int) -> int:
+    """A partner's claimed tokens as mixing counts them: at least 0, at most `max_token_ratio` times
+    our own, so no claim moves its weight or our token count beyond that ratio."""
+    return int(min(max(0, claimed), cfg.max_token_ratio * max(0, own_tokens)))
+
+
+def staleness_discount(cfg: DiLoCoConfig, lag: int) -> float:
+    """Factor on the weight of a partner `lag` versions behind: `1 - d x - (1-d) x^2` with
+    `x = lag / (max_staleness + 1)` and `d = staleness_decay`, so 1 for a partner at our version
+    or ahead, falling smoothly (slope `d` at first) to 0 at `max_staleness + 1` and beyond."""
+    if lag <= 0:
+        return 1.0
+    x = min(1.0, lag / (cfg.max_staleness + 1))
+    return max(0.0, 1 - cfg.staleness_decay * x - (1 - cfg.staleness_decay) * x * x)
+
+
 def mixing_weight(cfg: DiLoCoConfig, own_version: int, own_tokens: int, partner: PartnerState) -> float:
     """Weight `a` of a partner's state; 0 means skip it.
 
-    Token weighting: `a = 2 * mix_weight * t_j / (t_i + t_j)`, so equal tokens give `mix_weight`
-    and a partner with far more training (a joiner meeting the swarm) approaches 1. Staleness: a
-    partner `lag` versions behind is multiplied by `1 - staleness_decay * lag / max_staleness`
-    and skipped beyond `max_staleness`.
+    Token weighting: `a = 2 * mix_weight * t_j / (t_i + t_j)` with the partner's tokens `t_j`
+    counted as at most `max_token_ratio` times ours (`counted_tokens`), so equal tokens give
+    `mix_weight` and no claim pushes `a` past `2 * mix_weight * r / (1 + r)` (0.75 at the
+    defaults); a joiner takes the swarm's state with `OuterLoop.adopt`, not by mixing. Staleness:
+    times `staleness_discount(lag)`, 0 from `max_staleness + 1` versions behind.
     """
     lag = own_version - partner.version
     if lag > cfg.max_staleness:
         return 0.0
     a = cfg.mix_weight
     if cfg.token_weighting:
-        total = own_tokens + partner.tokens
-        a = 2 * cfg.mix_weight * partner.tokens / total if total > 0 else cfg.mix_weight
-    if lag > 0 and cfg.max_staleness > 0:
-        a *= 1 - cfg.staleness_decay * lag / cfg.max_staleness
+        t_j = counted_tokens(cfg, own_tokens, partner.tokens)
+        total = max(0, own_tokens) + t_j
+        a = 2 * cfg.mix_weight * t_j / total if total > 0 else cfg.mix_weight
+    a *= staleness_discount(cfg, lag)
     return float(min(1.0, max(0.0, a)))
 
 
@@ -107,28 +137,62 @@ def blend_(x: torch.Tensor, y: torch.Tensor, a: float) -> torch.Tensor:
 def mix(state: OuterState, partner: PartnerState, a: float, cfg: DiLoCoConfig) -> None:
     """Mix a partner's state into ours in place with weight `a`.
 
-    The anchor always mixes; momentum mixes only in `momentum="mixed"` mode (else each island
-    keeps its own, as in NoLoCo); the stored pseudo-gradient mixes when `mix_pseudo_gradient`.
-    The version becomes the max of both; tokens become the weighted mean.
+    The anchor always mixes; the momentum as `mix_momentum_` says (with `momentum="local"` each
+    island keeps its own); counters as `mix_counters_`.
     """
     if a <= 0:
         return
     mix_values_(state, partner, a, cfg)
-    mix_counters_(state, partner, a)
+    mix_counters_(state, partner, a, cfg)
 
 
 def mix_values_(state: OuterState, partner: PartnerState, a: float, cfg: DiLoCoConfig, i: int = 0,
                 j: int | None = None) -> None:
     """The values part of `mix`, on the slice `[i, j)` of the vectors (all of them by default)."""
+    before = state.phi[i:j].clone() if cfg.momentum == "noloco" else None
     blend_(state.phi[i:j], partner.phi[i:j], a)
-    if cfg.momentum == "mixed" and partner.m is not None:
-        blend_(state.m[i:j], partner.m[i:j], a)
+    mix_momentum_(state, partner, a, cfg, i, j, None if before is None else state.phi[i:j] - before)
 
 
-def mix_counters_(state: OuterState, partner: PartnerState, a: float) -> None:
-    """The counters part of `mix`: version the max of both, tokens the weighted mean."""
-    state.version = max(state.version, partner.version)
-    state.tokens = round((1 - a) * state.tokens + a * partner.tokens)
+def publishes_momentum(cfg: DiLoCoConfig, version: int) -> bool:
+    """Whether an island at `version` publishes its momentum buffer."""
+    return cfg.momentum in BUFFER_MODES and (not cfg.momentum.startswith("alternate") or version % 2 == 0)
+
+
+def publishes_delta(cfg: DiLoCoConfig) -> bool:
+    """Whether an island publishes its last pseudo-gradient."""
+    return cfg.mix_pseudo_gradient or cfg.momentum == "partner-delta"
+
+
+def wants_momentum(cfg: DiLoCoConfig, own_version: int, partner_version: int) -> bool:
+    """Whether a receiver fetches and mixes a partner's published momentum buffer."""
+    return cfg.momentum in BUFFER_MODES and (cfg.momentum != "same-version" or partner_version == own_version)
+
+
+def mix_momentum_(state: OuterState, partner: PartnerState, a: float, cfg: DiLoCoConfig, i: int = 0,
+                  j: int | None = None, shift: torch.Tensor | None = None) -> None:
+    """The momentum part of mixing on the slice `[i, j)` (`BUFFER_MODES` says what each mode does);
+    `shift` is the anchor's move by this mix, `a (phi_j - phi)`, which `noloco` needs."""
+    mode, m = cfg.momentum, state.m[i:j]
+    if mode in BUFFER_MODES:
+        if partner.m is None or not wants_momentum(cfg, state.version, partner.version):
+            return
+        theirs = partner.m[i:j].to(m.device, non_blocking=True)
+        target = (1 - a) * m.norm() + a * theirs.norm() if mode.startswith("rescaled") else None
+        blend_(m, theirs, a)
+        if target is not None and (norm := m.norm()) > 0:
+            m.mul_(target / norm)
+    elif mode == "partner-delta" and partner.delta is not None and state.delta is not None:
+        m.add_(partner.delta[i:j].to(m.device, non_blocking=True) - state.delta[i:j], alpha=a)
+    elif mode == "noloco" and shift is not None:
+        m.sub_(shift.to(m.device), alpha=1 / cfg.outer_lr)
+
+
+def mix_counters_(state: OuterState, partner: PartnerState, a: float, cfg: DiLoCoConfig) -> None:
+    """The counters part of `mix`: the version the max of both but at most `max_version_jump` above
+    our own, the tokens the weighted mean with the partner's counted as `counted_tokens`."""
+    state.version = max(state.version, min(partner.version, state.version + cfg.max_version_jump))
+    state.tokens = round((1 - a) * state.tokens + a * counted_tokens(cfg, state.tokens, partner.tokens))
 
 
 def outer_update(state: OuterState, delta: torch.Tensor, partners: list[tuple[PartnerState, float]],

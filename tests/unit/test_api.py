@@ -152,3 +152,13 @@ def test_a_joiner_adopts_an_encoded_state_into_its_anchor_and_weights():
     assert torch.equal(outer.state.phi, codecs.roundtrip(theirs, "int8"))
     assert torch.equal(outer.state.m, codecs.roundtrip(m, "int8"))
     assert torch.equal(outer.params_vector(), outer.state.phi) and (outer.state.version, outer.state.tokens) == (7, 99)
+
+
+def test_a_momentum_mode_only_the_simulator_runs_is_a_clear_error():
+    import p2p_diloco
+    from p2p_diloco.config import DiLoCoConfig
+    from p2p_diloco.errors import ConfigError
+
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(ConfigError, match="only in the simulator"):
+        p2p_diloco.join(model, torch.optim.SGD(model.parameters(), lr=0.1), diloco=DiLoCoConfig(momentum="rescaled-int4"))

@@ -48,3 +48,33 @@ def test_decode_accepts_bytes():
     x = torch.randn(513)
     raw = bytes(codecs.encode(x, "int8").numpy().tobytes())
     assert torch.allclose(codecs.decode(raw, 513, "int8"), codecs.roundtrip(x, "int8"))
+
+
+@pytest.mark.parametrize("codec", codecs.COARSE_CODECS)
+def test_coarse_codecs_sizes_and_error(codec):
+    for n in (0, 1, 7, 255, 256, 257, 4099):
+        x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+        buf = codecs.coarse_encode(x, codec)
+        assert buf.dtype == torch.uint8 and buf.numel() == codecs.coarse_nbytes(n, codec)
+        y = codecs.coarse_decode(buf, n, codec)
+        assert y.dtype == torch.float32 and y.shape == x.shape
+        if n == 0:
+            continue
+        blocks = torch.nn.functional.pad(x, (0, (-n) % codecs.INT8_BLOCK)).view(-1, codecs.INT8_BLOCK)
+        if codec == "int4":  # within half a step of each block's absmax / 7
+            step = (blocks.abs().amax(1) / 7).repeat_interleave(codecs.INT8_BLOCK)[:n]
+            assert ((x - y).abs() <= step / 2 + 1e-6).all()
+        else:  # the sign kept, the magnitude the block's mean |x|
+            assert (torch.sign(y) == torch.where(x >= 0, 1.0, -1.0)).all()
+            mean_abs = [x[i : i + codecs.INT8_BLOCK].abs().mean() for i in range(0, n, codecs.INT8_BLOCK)]
+            assert torch.allclose(y.abs(), torch.stack(mean_abs).repeat_interleave(codecs.INT8_BLOCK)[:n])
+
+
+def test_coarse_codecs_are_smaller_than_int8():
+    n = 1_000_000
+    int8 = codecs.encoded_nbytes(n, "int8")
+    assert codecs.coarse_nbytes(n, "int4") / int8 < 0.52 and codecs.coarse_nbytes(n, "sign") / int8 < 0.14
+    with pytest.raises(CodecError):
+        codecs.coarse_nbytes(n, "int8")
+    with pytest.raises(CodecError):
+        codecs.coarse_decode(torch.zeros(3, dtype=torch.uint8), n, "int4")

@@ -5,7 +5,7 @@ import torch
 
 from p2p_diloco.config import DiLoCoConfig
 from p2p_diloco.core.outer import (
-    OuterState, PartnerState, mix, mixing_weight, nesterov_step, outer_update
+    OuterState, PartnerState, mix, mix_counters_, mixing_weight, nesterov_step, outer_update, staleness_discount
 )
 
 
@@ -45,20 +45,66 @@ def test_token_weights():
     assert mixing_weight(cfg, 5, 100, partner([0.0], version=5, tokens=100)) == pytest.approx(0.5)
     assert mixing_weight(cfg, 5, 100, partner([0.0], version=5, tokens=300)) == pytest.approx(0.75)
     assert mixing_weight(cfg, 5, 300, partner([0.0], version=5, tokens=100)) == pytest.approx(0.25)
-    # a fresh joiner (no tokens) meeting a trained partner adopts it; a trained island ignores a fresh one
-    assert mixing_weight(cfg, 0, 0, partner([0.0], version=5, tokens=1000)) == pytest.approx(1.0)
+    assert mixing_weight(cfg, 5, 100, partner([0.0], version=5, tokens=200)) == pytest.approx(2 / 3)
+    # a trained island ignores a fresh one; a fresh one mixes at the base weight (joiners adopt instead)
     assert mixing_weight(cfg, 5, 1000, partner([0.0], version=0, tokens=0)) == pytest.approx(0.0)
+    assert mixing_weight(cfg, 0, 0, partner([0.0], version=5, tokens=1000)) == pytest.approx(0.5)
     unweighted = DiLoCoConfig(mix_weight=0.3, token_weighting=False)
     assert mixing_weight(unweighted, 5, 100, partner([0.0], version=5, tokens=900)) == pytest.approx(0.3)
 
 
-def test_staleness_decay_and_cutoff():
+@pytest.mark.parametrize("claim", [301, 10**6, 10**30, 2**63 - 1])
+def test_no_token_claim_lifts_a_partner_past_the_bound(claim):
+    """`max_token_ratio` 3 caps the weight at 2 x 0.5 x 3/4 = 0.75: the island keeps a quarter of its own state."""
+    cfg = DiLoCoConfig(mix_weight=0.5)
+    assert mixing_weight(cfg, 5, 100, partner([0.0], version=5, tokens=claim)) == pytest.approx(0.75)
+    strong = DiLoCoConfig(mix_weight=1.0, max_token_ratio=100.0)
+    assert 0.0 <= mixing_weight(strong, 5, 100, partner([0.0], version=5, tokens=claim)) <= 1.0
+
+
+@pytest.mark.parametrize("claim", [0, -1, -100, -(10**30)])
+def test_zero_or_negative_token_claims_only_mute_the_claimer(claim):
+    cfg = DiLoCoConfig(mix_weight=0.5)
+    assert mixing_weight(cfg, 5, 100, partner([0.0], version=5, tokens=claim)) == 0.0
+    s = state([0.0], version=5, tokens=100)
+    mix_counters_(s, partner([0.0], version=5, tokens=claim), 0.5, cfg)
+    assert s.tokens == 50  # counted as 0, never negative
+
+
+def test_mixed_tokens_and_version_are_bounded_whatever_is_claimed():
+    cfg = DiLoCoConfig(mix_weight=0.5)
+    s = state([0.0], version=7, tokens=100)
+    hostile = partner([0.0], version=10**12, tokens=10**30)
+    a = mixing_weight(cfg, s.version, s.tokens, hostile)
+    mix_counters_(s, hostile, a, cfg)
+    assert s.version == 8 and s.tokens == round(0.25 * 100 + 0.75 * 300)
+    # so an honest partner still at version 7 is one behind, not 10**12: nearly full weight
+    assert mixing_weight(cfg, s.version, s.tokens, partner([0.0], version=7, tokens=s.tokens)) > 0.45
+    # an honest partner one ahead is followed; one behind leaves the version alone
+    for v, expected in ((9, 9), (3, 9)):
+        mix_counters_(s, partner([0.0], version=v, tokens=s.tokens), 0.5, cfg)
+        assert s.version == expected
+    wider = DiLoCoConfig(max_version_jump=4)
+    mix_counters_(s, hostile, 0.5, wider)
+    assert s.version == 13
+
+
+def test_staleness_discount_falls_smoothly_to_zero_past_the_bound():
     cfg = DiLoCoConfig(mix_weight=0.5, max_staleness=8, staleness_decay=0.5, token_weighting=False)
     assert mixing_weight(cfg, 10, 0, partner([0.0], version=10)) == pytest.approx(0.5)
-    assert mixing_weight(cfg, 10, 0, partner([0.0], version=6)) == pytest.approx(0.5 * (1 - 0.5 * 4 / 8))
-    assert mixing_weight(cfg, 10, 0, partner([0.0], version=2)) == pytest.approx(0.5 * 0.5)  # lag 8: at the cutoff
-    assert mixing_weight(cfg, 10, 0, partner([0.0], version=1)) == 0.0  # lag 9: beyond it, skipped
     assert mixing_weight(cfg, 10, 0, partner([0.0], version=15)) == pytest.approx(0.5)  # ahead: no penalty
+    # x = lag / 9: 1 - x/2 - x^2/2
+    assert mixing_weight(cfg, 10, 0, partner([0.0], version=9)) == pytest.approx(0.5 * (1 - 1 / 18 - 1 / 162))
+    assert mixing_weight(cfg, 10, 0, partner([0.0], version=2)) == pytest.approx(0.5 * (1 - 4 / 9 - 32 / 81))
+    assert mixing_weight(cfg, 10, 0, partner([0.0], version=1)) == 0.0  # lag 9 = max_staleness + 1
+    assert mixing_weight(cfg, 10, 0, partner([0.0], version=-(10**12))) == 0.0
+    factors = [staleness_discount(cfg, lag) for lag in range(0, 12)]
+    assert all(b <= a for a, b in zip(factors, factors[1:]))
+    assert max(a - b for a, b in zip(factors, factors[1:])) < 0.17  # no cliff: at most 1/6 per version
+    assert factors[9:] == [0.0, 0.0, 0.0]
+    linear = DiLoCoConfig(max_staleness=3, staleness_decay=1.0)
+    assert [staleness_discount(linear, lag) for lag in range(5)] == pytest.approx([1, 0.75, 0.5, 0.25, 0])
+    assert mixing_weight(DiLoCoConfig(max_staleness=0), 5, 0, partner([0.0], version=4)) == 0.0
 
 
 def test_two_islands_mixing_with_equal_weights_end_identical():
@@ -120,3 +166,31 @@ def test_mixing_on_arrival_keeps_the_islands_own_pseudo_gradient():
     assert torch.allclose(isl.pseudo_gradient(), own, atol=1e-6)
     isl.end_round([])  # our own step from the mixed anchor; the next round starts with no arrivals
     assert isl.state.version == 1 and isl.arrived == []
+
+
+def test_momentum_variants_mix_what_they_say():
+    from p2p_diloco.core.outer import publishes_momentum, wants_momentum
+
+    def mixed(mode, own_version=3, partner_version=3, own_m=(1.0, 0.0), their_m=(0.0, 1.0), **kw):
+        cfg = DiLoCoConfig(momentum=mode, **kw)
+        s = state([0.0, 0.0], m=list(own_m), version=own_version, tokens=10)
+        s.delta = torch.tensor([1.0, 1.0])
+        mix(s, partner([2.0, 0.0], m=list(their_m), delta=[3.0, 1.0], version=partner_version, tokens=10), 0.5, cfg)
+        return s.m.tolist()
+
+    assert mixed("local") == [1.0, 0.0]
+    assert mixed("mixed") == [0.5, 0.5]
+    assert mixed("same-version") == [0.5, 0.5]
+    assert mixed("same-version", partner_version=2) == [1.0, 0.0]  # a version apart: kept
+    # opposite directions would shrink the blend; rescaled keeps the interpolated norm
+    assert mixed("rescaled") == pytest.approx([2**-0.5, 2**-0.5])
+    assert mixed("rescaled", own_m=(2.0, 0.0), their_m=(-2.0, 0.0)) == [0.0, 0.0]  # nothing to rescale
+    # the newest term of the buffer averaged: m + a (delta_j - delta_i)
+    assert mixed("partner-delta") == pytest.approx([2.0, 0.0])
+    # the anchor's shift (+1, 0) echoes in the momentum: m - shift / outer_lr
+    assert mixed("noloco", outer_lr=0.5) == pytest.approx([-1.0, 0.0])
+    alternate = DiLoCoConfig(momentum="alternate")
+    assert [publishes_momentum(alternate, v) for v in range(4)] == [True, False, True, False]
+    assert not publishes_momentum(DiLoCoConfig(), 0) and publishes_momentum(DiLoCoConfig(momentum="mixed-sign"), 1)
+    assert wants_momentum(DiLoCoConfig(momentum="same-version"), 4, 4)
+    assert not wants_momentum(DiLoCoConfig(momentum="same-version"), 4, 5)

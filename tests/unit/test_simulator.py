@@ -103,3 +103,15 @@ def test_step_seconds_sets_where_in_a_round_a_partner_state_arrives(corpus):
 def test_cli_bad_value_is_a_readable_error():
     res = CliRunner().invoke(main, ["simulate", "--speeds", "1,1", "--tokens", "100"])
     assert res.exit_code != 0 and "simulate.speeds" in res.output and "Traceback" not in res.output
+
+
+def test_momentum_variants_count_their_bytes(corpus):
+    """What travels per fetch: the anchor, plus the momentum as each variant publishes and wants it."""
+    sent = {mode: run(corpus, "gossip", DiLoCoConfig(local_steps=5, momentum=mode)).bytes_sent_per_island
+            for mode in ("local", "mixed", "mixed-int4", "mixed-sign", "alternate", "alternate-int4", "same-version",
+                         "noloco")}
+    ratio = {mode: b / sent["local"] for mode, b in sent.items()}
+    assert ratio["mixed"] == 2.0 and ratio["noloco"] == 1.0
+    assert 1.49 < ratio["mixed-int4"] < 1.52 and 1.12 < ratio["mixed-sign"] < 1.15
+    assert 1.3 < ratio["alternate"] < 1.7 and 1.15 < ratio["alternate-int4"] < 1.35
+    assert 1.0 <= ratio["same-version"] <= 2.0
