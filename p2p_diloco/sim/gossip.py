@@ -37,8 +37,6 @@ class GossipRun:
         self.islands = simulation.make_islands()
         self.rng = random.Random(self.sim.seed)
         self.round_seconds = self.dl.round_seconds or self.dl.local_steps * self.sim.step_seconds
-        self.nbytes = simulation.state_bytes(self.islands[0].state.phi.numel())
-        self.fetch_s = simulation.link_seconds(self.nbytes, hops=2)
         self.published = [simulation.snapshot(isl) for isl in self.islands]
         self.sent, self.busy, self.idle, self.rounds = [0] * K, [0.0] * K, [0.0] * K, [0] * K
         self.plans: list[dict] = [{} for _ in range(K)]
@@ -50,8 +48,14 @@ class GossipRun:
         return not (self.plans[j].get("offline") and t < self.plans[j]["end"])
 
     def _choose(self, i: int, t: float) -> int | None:
-        K = self.sim.islands
-        shift = 1 + random.Random(self.sim.seed * PARTNER_SEED_STRIDE + self.rounds[i]).randrange(K - 1)
+        K, r = self.sim.islands, self.rounds[i]
+        if self.sim.partners == "ring":  # always the next island: a receiver is never more than one update behind
+            shift = 1
+        elif self.sim.partners == "exponential":  # 1, 2, 4, ... apart in turn (one-peer exponential graph)
+            shift = 2 ** (r % max(1, (K - 1).bit_length()))
+            shift = shift if shift < K else 1
+        else:
+            shift = 1 + random.Random(self.sim.seed * PARTNER_SEED_STRIDE + r).randrange(K - 1)
         j = (i + shift) % K
         if self._online(j, t):
             return j
@@ -73,23 +77,36 @@ class GossipRun:
         self.committed += steps * step_tokens
         p = {"steps": steps, "busy": steps * dt, "end": t + steps * dt, "partner": None, "arrives_after": steps}
         if sim.mix_delay == 1 and (j := self._choose(i, t)) is not None:
-            p["partner"] = self.published[j]
-            self.sent[j] += self.nbytes
-            self.idle[i] += max(0.0, self.fetch_s - p["busy"])
-            p["end"] = t + max(p["busy"], self.fetch_s)
+            p["partner"], nbytes = self._fetch(i, j)
+            fetch_s = self.s.link_seconds(nbytes, hops=2)
+            self.sent[j] += nbytes
+            self.idle[i] += max(0.0, fetch_s - p["busy"])
+            p["end"] = t + max(p["busy"], fetch_s)
             if self.dl.mix_at == "arrival":  # mixed between the inner steps it arrives between
-                p["arrives_after"] = min(steps, math.ceil(self.fetch_s / dt - 1e-9))
+                p["arrives_after"] = min(steps, math.ceil(fetch_s / dt - 1e-9))
         self.plans[i] = p
+
+    def _fetch(self, i: int, j: int) -> tuple[PartnerState, int]:
+        """What island i fetches of island j's published state, and the bytes it costs."""
+        return self.published[j], self.s.fetch_bytes(self.published[j], self.islands[i].state.version)
+
+    def _arrived(self, i: int, partner: PartnerState) -> PartnerState:
+        """What island i mixes of a fetched state, the moment it mixes it (the state itself here)."""
+        return partner
+
+    def _publish(self, i: int) -> None:
+        """Island i publishes its state at the end of its round."""
+        self.published[i] = self.s.snapshot(self.islands[i])
 
     def _train(self, i: int) -> None:
         """Island i's planned round: inner steps, the partner mixed when it arrives, the outer step."""
         isl, p = self.islands[i], self.plans[i]
         for step in range(p["steps"]):
             if step == p["arrives_after"]:
-                isl.mix_arrived(p["partner"])
+                isl.mix_arrived(self._arrived(i, p["partner"]))
             isl.inner_step()
         late = p["partner"] is not None and p["arrives_after"] == p["steps"]
-        isl.end_round([p["partner"]] if late else [])
+        isl.end_round([self._arrived(i, p["partner"])] if late else [])
         self.busy[i] += p["busy"]
         self.rounds[i] += 1
         self.tokens += p["steps"] * self.s.step_tokens
@@ -99,14 +116,17 @@ class GossipRun:
         round and waits for it; returns when the next rounds start."""
         fresh = {i: self.s.snapshot(self.islands[i]) for i in trained}
         views: list[PartnerState] = [fresh.get(j, self.published[j]) for j in range(self.sim.islands)]
+        longest = self.s.link_seconds(self.s.state_bytes(views[0].phi.numel()), hops=2)
         for i in trained:
             if (j := self._choose(i, t)) is not None:
                 isl = self.islands[i]
+                fetch_s = self.s.link_seconds(nbytes := self.s.fetch_bytes(views[j], isl.state.version), hops=2)
                 mix(isl.state, views[j], isl.weigh([views[j]])[0][1], self.dl)
                 isl.begin_round()
-                self.sent[j] += self.nbytes
-                self.idle[i] += self.fetch_s
-        return t + self.fetch_s
+                self.sent[j] += nbytes
+                self.idle[i] += fetch_s
+                longest = max(longest, fetch_s)
+        return t + longest
 
     def run(self) -> MethodResult:
         sim, K = self.sim, self.sim.islands
@@ -124,7 +144,7 @@ class GossipRun:
                 self._train(i)
             next_t = self._exchange_now(trained, t) if sim.mix_delay == 0 and trained else t
             for i in trained:
-                self.published[i] = self.s.snapshot(self.islands[i])
+                self._publish(i)
             t_end = t
             self.s.progress("gossip", self.tokens // self.s.step_tokens, total_steps,
                             self.islands[trained[0]].last_loss if trained else None)

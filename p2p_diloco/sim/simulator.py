@@ -31,7 +31,7 @@ from p2p_diloco.core.device import resolve_device
 from p2p_diloco.core.inner import InnerLoop, evaluate
 from p2p_diloco.core.island import Island, load_vector
 from p2p_diloco.core.model import build_model
-from p2p_diloco.core.outer import PartnerState
+from p2p_diloco.core.outer import MOMENTUM_CODECS, PartnerState, publishes_delta, publishes_momentum, wants_momentum
 from p2p_diloco.sim.gossip import GossipRun
 
 log = logging.getLogger(__name__)
@@ -117,12 +117,15 @@ class Simulation:
 
     # -- gossip --------------------------------------------------------------------------------
     def snapshot(self, island: Island) -> PartnerState:
-        """What a partner would receive: the published state after the codec's round trip."""
-        s, c = island.state, self.sim.compression
-        send_m = self.diloco.momentum == "mixed"
-        send_delta = self.diloco.mix_pseudo_gradient
-        return PartnerState(phi=codecs.roundtrip(s.phi, c), m=codecs.roundtrip(s.m, c) if send_m else None,
-                            delta=codecs.roundtrip(s.delta, c) if send_delta else None,
+        """What a partner would receive: the published state after the codec's round trip (the
+        momentum's through `MOMENTUM_CODECS` where its mode has one)."""
+        s, c, d = island.state, self.sim.compression, self.diloco
+        m = None
+        if publishes_momentum(d, s.version):
+            mc = MOMENTUM_CODECS.get(d.momentum)
+            m = codecs.roundtrip(s.m, c) if mc is None else codecs.coarse_roundtrip(s.m, mc)
+        return PartnerState(phi=codecs.roundtrip(s.phi, c), m=m,
+                            delta=codecs.roundtrip(s.delta, c) if publishes_delta(d) else None,
                             version=s.version, tokens=s.tokens, peer=island.name)
 
     def state_bytes(self, n: int) -> int:
@@ -130,7 +133,21 @@ class Simulation:
         parts = 1 + (self.diloco.momentum == "mixed") + self.diloco.mix_pseudo_gradient
         return parts * codecs.encoded_nbytes(n, self.sim.compression)
 
+    def fetch_bytes(self, partner: PartnerState, own_version: int) -> int:
+        """Bytes a receiver at `own_version` fetches of a published state: the anchor, the momentum when
+        it is published and wanted (`wants_momentum`), the pseudo-gradient when published."""
+        n, c = partner.phi.numel(), self.sim.compression
+        out = codecs.encoded_nbytes(n, c) * (1 + (partner.delta is not None))
+        if partner.m is not None and wants_momentum(self.diloco, own_version, partner.version):
+            mc = MOMENTUM_CODECS.get(self.diloco.momentum)
+            out += codecs.encoded_nbytes(n, c) if mc is None else codecs.coarse_nbytes(n, mc)
+        return out
+
     def _gossip(self) -> MethodResult:
+        if self.sim.exchange == "updates":
+            from p2p_diloco.sim.public import UpdatesGossipRun
+
+            return UpdatesGossipRun(self).run()
         return GossipRun(self).run()
 
     # -- synchronous baselines -----------------------------------------------------------------

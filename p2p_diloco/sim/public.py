@@ -1,0 +1,102 @@
+"""Public states advanced by compressed updates, with error feedback, for the simulator's gossip.
+
+Instead of its whole state, each island publishes what changed: after each outer step it encodes
+the difference between its anchor and its *public state* (`core.compress`, top-k or 4-bit values)
+and adds the decoded update to the public state. What the compression dropped stays in that
+difference and goes out with a later update (error feedback), so the public state follows the
+anchor with a bounded lag and nothing is lost over time. Every island starts from the same initial
+weights, so every receiver already holds every public state at version 0.
+
+A receiver that fetched an island's public state at version `v` before needs only the updates since
+`v`; one more than `keep` updates behind (or never met, once the sender no longer keeps the updates
+from 0) fetches the public state whole, exact, in fp32. The bytes counted per fetch are the
+messages' payloads plus `MESSAGE_OVERHEAD` each.
+
+How a receiver mixes what it holds: `pub` mixes the partner's public state as it would the state
+itself; `choco` moves its anchor by the difference of the two public states, `a (pub_j - pub_i)`, as
+CHOCO-gossip does (Koloskova et al., 2019): both public states lag their anchors alike, so their
+difference estimates the anchors' difference better than the lagging public state alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from p2p_diloco.core import compress
+from p2p_diloco.core.outer import PartnerState
+from p2p_diloco.sim.gossip import GossipRun
+
+MESSAGE_OVERHEAD = 256
+"""Bytes of headers, manifest and digests around one message's payload (measured on the wire: a
+manifest of one small tensor and its chunk header)."""
+
+
+@dataclass
+class _Sender:
+    public: torch.Tensor  # the public state now
+    sizes: list  # bytes of each update published so far, in order
+    snapshot: torch.Tensor  # the public state as of the last publish (what a fetch returns)
+
+
+class PublicStates:
+    """Every island's public state and what each receiver holds of each sender's (see the module docstring)."""
+
+    def __init__(self, initial: list[torch.Tensor], kind: str = "topk", k: int = 64, keep: int = 64,
+                 mixing: str = "choco") -> None:
+        assert mixing in ("pub", "choco"), mixing
+        self.kind, self.k, self.keep, self.mixing = kind, k, keep, mixing
+        self.senders = [_Sender(public=p.detach().float().clone(), sizes=[], snapshot=p.detach().float().clone())
+                        for p in initial]
+        self.held: dict[tuple[int, int], int] = {}  # (receiver, sender) -> updates held (0: the initial weights)
+        self.full_bytes = 4 * initial[0].numel() + MESSAGE_OVERHEAD
+
+    def publish(self, i: int, anchor: torch.Tensor) -> int:
+        """Island `i` publishes the compressed difference of its anchor from its public state; returns
+        the update's bytes."""
+        s = self.senders[i]
+        update = compress.encode(anchor - s.public, self.kind, self.k)
+        compress.decode_add(s.public, update)
+        s.sizes.append(update.nbytes + MESSAGE_OVERHEAD)
+        s.snapshot = s.public.clone()
+        return s.sizes[-1]
+
+    def fetch(self, receiver: int, sender: int) -> tuple[int, torch.Tensor]:
+        """`receiver` brings its copy of `sender`'s public state up to the last publish: the bytes it
+        costs, and that public state (published states are never changed in place)."""
+        s = self.senders[sender]
+        have, now = self.held.get((receiver, sender), 0), len(s.sizes)
+        self.held[(receiver, sender)] = now
+        return (self.full_bytes if now - have > self.keep else sum(s.sizes[have:now])), s.snapshot
+
+    def view(self, receiver: int, theirs: torch.Tensor, anchor: torch.Tensor, partner: PartnerState) -> PartnerState:
+        """What `receiver` (whose anchor is `anchor`) mixes of a fetched public state `theirs`: that
+        state (`pub`), or its anchor moved by the public states' difference (`choco`, so that mixing
+        with weight a moves it by a (theirs - its own public state))."""
+        phi = theirs.clone() if self.mixing == "pub" else anchor + (theirs - self.senders[receiver].public)
+        return PartnerState(phi=phi, m=None, delta=None, version=partner.version, tokens=partner.tokens,
+                            peer=partner.peer)
+
+
+class UpdatesGossipRun(GossipRun):
+    """The `gossip` method with `SimConfig(exchange="updates")`: islands publish compressed updates
+    of public states, and a fetch costs the updates the receiver lacks."""
+
+    def __init__(self, simulation) -> None:
+        super().__init__(simulation)
+        sim = self.sim
+        self.public = PublicStates([isl.state.phi for isl in self.islands], sim.update_codec, sim.update_k,
+                                   sim.update_keep, sim.update_mixing)
+        self.fetched: list[torch.Tensor | None] = [None] * sim.islands  # the public state each fetched this round
+
+    def _fetch(self, i: int, j: int) -> tuple[PartnerState, int]:
+        nbytes, self.fetched[i] = self.public.fetch(i, j)
+        return self.published[j], nbytes
+
+    def _arrived(self, i: int, partner: PartnerState) -> PartnerState:
+        return self.public.view(i, self.fetched[i], self.islands[i].state.phi, partner)
+
+    def _publish(self, i: int) -> None:
+        super()._publish(i)  # version and tokens, as the whole state would carry them
+        self.public.publish(i, self.islands[i].state.phi)
