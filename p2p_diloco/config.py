@@ -161,8 +161,9 @@ class DiLoCoConfig:
     """Scale the partner's weight by its share of tokens (a fresh joiner counts less)."""
     max_token_ratio: float = 3.0
     """A partner's claimed tokens count as at most this many times ours (its weight stays <= 0.75)."""
-    max_version_jump: int = 1
-    """Mixing raises the version by at most this much: no claimed version makes honest partners stale."""
+    max_version_jump: int = 4
+    """Mixing raises the version by at most this: a resumed island catches up a few versions per
+    mix, while a false claim moves an honest island by at most this much."""
     max_staleness: int = 8
     """A partner more than this many versions behind is skipped."""
     staleness_decay: float = 0.5

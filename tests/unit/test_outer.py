@@ -72,7 +72,7 @@ def test_zero_or_negative_token_claims_only_mute_the_claimer(claim):
 
 
 def test_mixed_tokens_and_version_are_bounded_whatever_is_claimed():
-    cfg = DiLoCoConfig(mix_weight=0.5)
+    cfg = DiLoCoConfig(mix_weight=0.5, max_version_jump=1)
     s = state([0.0], version=7, tokens=100)
     hostile = partner([0.0], version=10**12, tokens=10**30)
     a = mixing_weight(cfg, s.version, s.tokens, hostile)
