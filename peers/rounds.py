@@ -188,7 +188,17 @@ class RoundsMixin:
             info["weight"] = self.outer.mix_arrived(partners[0])
             info["mixed_after_steps"] = self.outer.round_steps
             self._count_mix(info)
+            self._follow_swarm(partners[0].version, info["weight"])
         return info
+
+    def _follow_swarm(self, partner_version: int, weight: float, after_step: int = 0) -> None:
+        """After a mix, take a partner's version that is far ahead as far as most members' records
+        confirm it (their median): an island resumed behind the swarm catches up at once, while one
+        false claim still moves it by at most `max_version_jump` (`core.outer.mix_counters_`)."""
+        versions = sorted(r.version for r in self.membership.members().values() if r.state == "training")
+        if weight > 0 and versions:
+            s = self.outer.state
+            s.version = max(s.version, min(partner_version + after_step, versions[len(versions) // 2] + after_step))
 
     def _mix_pushed(self, rnd: Round, at_end: bool = False) -> None:
         """Mix a state an outbound-only member pushed to us (`peers.reach`): between inner steps when
@@ -201,6 +211,7 @@ class RoundsMixin:
         if partners:
             entry["staleness"] = self.outer.state.version - partners[0].version
             entry["weight"] = self.outer.mix_arrived(partners[0])
+            self._follow_swarm(partners[0].version, entry["weight"])
             if entry["weight"]:
                 self.mixes += 1
                 self.weights_changed = True
@@ -226,6 +237,7 @@ class RoundsMixin:
             info["weight"], info["staleness"] = weights[0], outer.state.version - 1 - partners[0].version
             info["mixed_after_steps"] = steps
             self._count_mix(info)
+            self._follow_swarm(partners[0].version, weights[0], after_step=1)
         elif rnd.arrived is not None:
             info = rnd.arrived
         self.round += 1
