@@ -98,5 +98,10 @@ class UpdatesGossipRun(GossipRun):
         return self.public.view(i, self.fetched[i], self.islands[i].state.phi, partner)
 
     def _publish(self, i: int) -> None:
-        super()._publish(i)  # version and tokens, as the whole state would carry them
-        self.public.publish(i, self.islands[i].state.phi)
+        """The update goes out; what a receiver mixes is built from the public state when it arrives
+        (`_arrived`), so the published record carries only the version and tokens (no codec round
+        trip of the whole state, which nothing would read)."""
+        isl = self.islands[i]
+        self.public.publish(i, isl.state.phi)
+        self.published[i] = PartnerState(phi=self.public.senders[i].snapshot, m=None, delta=None,
+                                         version=isl.state.version, tokens=isl.state.tokens, peer=isl.name)
