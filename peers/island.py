@@ -105,6 +105,8 @@ class SwarmIsland(RoundsMixin):
             raise
         self.publisher = Publisher(self.server, self.outer, self.diloco, self.peer_id, self.fingerprint, self.run_digest)
         self.gate = PlausibilityGate()
+        self.catch_up = None
+        """The download of the freshest states, while this island catches up (`peers.state.CatchUp`)."""
         self.guard = DivergenceGuard(self)
         if self.cfg.poison:
             from p2p_diloco.peers.poison import poison
@@ -237,6 +239,7 @@ class SwarmIsland(RoundsMixin):
             self._keep_fetching(rnd)
             rnd.arrived = rnd.arrived or self._mix_if_arrived(rnd)
             self._mix_pushed(rnd)
+            self._adopt_caught_up()
         self._tell_ranks(STOP if self.done else NEW_ROUND if ended else SYNC if self.weights_changed else CARRY_ON)
         self._returned_at = time.monotonic()
 

@@ -17,7 +17,7 @@ from p2p_diloco.errors import TransportError
 from p2p_diloco.peers.gossip import partner_state
 from p2p_diloco.peers.pacing import catch_up_seconds
 from p2p_diloco.peers.plausibility import PlausibilityGate
-from p2p_diloco.peers.state import join_from_freshest
+from p2p_diloco.peers.state import CatchUp, adopt_most_central
 
 log = logging.getLogger(__name__)
 ANNOUNCE_EVERY_S = 2.0
@@ -149,14 +149,24 @@ class RoundsMixin:
         """Far behind the swarm (resumed after a long absence, or stalled), a state that far ahead is
         legitimately far from this island's anchor, but a claimed version proves nothing (the state
         is still refused, and counted); so the island rejoins as a newcomer does, adopting the state
-        most of the freshest members agree on, and its plausibility history starts over."""
-        log.warning("%s is at version %d, %s at %d: catching up from the freshest members",
-                    self.name, self.outer.state.version, peer_id[:8], version)
-        state_before = self.state
-        join_from_freshest(self)
-        self.state = state_before
-        self.gate = PlausibilityGate()
-        self.weights_changed = True
+        most of the freshest members agree on (`_adopt_caught_up`). The downloads run on a thread:
+        the island trains on meanwhile."""
+        if self.catch_up is None:
+            log.warning("%s is at version %d, %s at %d: catching up from the freshest members",
+                        self.name, self.outer.state.version, peer_id[:8], version)
+            self.catch_up = CatchUp(self)
+
+    def _adopt_caught_up(self) -> None:
+        """Between inner steps: adopt what a finished catch-up downloaded; its plausibility history
+        starts over."""
+        states = None if self.catch_up is None else self.catch_up.take()
+        if states is None:
+            return
+        self.catch_up = None
+        if states:
+            adopt_most_central(self, states)
+            self.gate = PlausibilityGate()
+            self.weights_changed = True
 
     def _refuse(self, peer_id: str, why: str, info: dict) -> tuple[list[PartnerState], dict]:
         """A partner's state is not mixed: count it, tell the dashboard, back the partner off (or drop it)."""

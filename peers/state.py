@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import threading
 import time
 from typing import Any
 
@@ -24,6 +25,8 @@ from p2p_diloco.peers.plausibility import START_BOUND, distance, norm
 log = logging.getLogger(__name__)
 JOIN_QUORUM = 3
 """A joiner compares up to this many of the freshest members' states before adopting one."""
+CATCH_UP_S = 300.0
+"""A catch-up's downloads run this long at most (the island trains on meanwhile)."""
 DISCOVERY_SETTLE_S = 5.0
 """How long a joiner lets discovery show who is there (a second island at least) before it looks
 for the freshest member."""
@@ -69,35 +72,79 @@ def join_from_freshest(island: Any) -> None:
     claims the highest version cannot hand every newcomer its poison; with two, the one closer to
     the run's initial weights (this island's own) wins.
     """
-    cfg, outer = island.cfg, island.outer
-    deadline = time.monotonic() + cfg.join_timeout_s
-    island.wait_for_members(2, min(DISCOVERY_SETTLE_S, cfg.join_timeout_s))  # who is there?
-    others = sorted((r for p, r in island.membership.members().items()
-                     if p != island.peer_id and r.state in ("training", "syncing") and r.version > outer.state.version
-                     and (not r.model or r.model == island.fingerprint)),
-                    key=lambda r: (r.version, r.tokens), reverse=True)
-    if not others:
-        return  # nobody trains yet (or nobody is ahead): all islands share the initial weights
-    island.state = "syncing"
+    island.wait_for_members(2, min(DISCOVERY_SETTLE_S, island.cfg.join_timeout_s))  # who is there?
+    if _freshest(island):
+        island.state = "syncing"
+        adopt_most_central(island, download_freshest(island, island.cfg.join_timeout_s))
+
+
+def _freshest(island: Any) -> list:
+    """The members ahead of this island (same model), freshest first."""
+    return sorted((r for p, r in island.membership.members().items()
+                   if p != island.peer_id and r.state in ("training", "syncing") and r.version > island.version
+                   and (not r.model or r.model == island.fingerprint)),
+                  key=lambda r: (r.version, r.tokens), reverse=True)
+
+
+def download_freshest(island: Any, within_s: float) -> list:
+    """Download up to `JOIN_QUORUM` of the freshest members' states, checked against this model and
+    run, within `within_s`. Touches no island state: a catching-up island runs it on a thread."""
+    deadline = time.monotonic() + within_s
     states = []
-    for rec in others:
+    for rec in _freshest(island):
         if len(states) >= JOIN_QUORUM or time.monotonic() >= deadline or island._stop_asked:
             break
         try:
             snap = fetch(rec.endpoint, island.network, decode=False,
                          timeout=min(island.network.fetch_timeout_s, deadline - time.monotonic()))
-            states.append((rec, partner_state(snap, outer.state.phi.numel(), island.fingerprint, island.run_digest),
-                           snap))
-            island.bytes_in += snap.nbytes
+            states.append((rec, partner_state(snap, island.outer.state.phi.numel(), island.fingerprint,
+                                              island.run_digest), snap))
         except TransportError as e:
             log.info("could not download the state of %s: %s; trying another member", rec.peer_id[:8], e)
+    return states
+
+
+def adopt_most_central(island: Any, states: list) -> None:
+    """Adopt the downloaded state that agrees best with the others (`_most_central`)."""
     if not states:
-        log.warning("no member's state could be downloaded; starting from the initial weights")
+        log.warning("no member's state could be downloaded; %s", "keeping this island's own" if island.round
+                    else "starting from the initial weights")
         return
-    rec, state, snap = _most_central(states, outer.state.phi)
-    outer.adopt(state)
+    island.bytes_in += sum(snap.nbytes for _, _, snap in states)
+    rec, state, snap = _most_central(states, island.outer.state.phi)
+    island.outer.adopt(state)
     log.info("joined from %s at version %d (%d bytes in %.1f s; %d states compared)", rec.peer_id[:8], snap.version,
              snap.nbytes, snap.seconds, len(states))
+
+
+class CatchUp:
+    """Downloads the freshest members' states on a thread of its own, so that an island that found
+    itself far behind the swarm keeps training while it fetches (a slow member's state can take
+    minutes); the island adopts the result between two inner steps (`take`)."""
+
+    def __init__(self, island: Any) -> None:
+        self._states: list | None = None
+        self._thread = threading.Thread(target=self._run, args=(island,), name="catch-up", daemon=True)
+        self._thread.start()
+
+    def _run(self, island: Any) -> None:
+        try:
+            states = download_freshest(island, CATCH_UP_S)
+        except Exception:  # noqa: BLE001 - a failed catch-up leaves the island as it was
+            log.exception("catching up failed")
+            states = []
+        self._states = states
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def take(self) -> list | None:
+        """The downloaded states once the thread is done (then once only), else None."""
+        if self._thread.is_alive():
+            return None
+        states, self._states = self._states, None
+        return states
 
 
 def _most_central(states: list, initial: torch.Tensor) -> tuple:

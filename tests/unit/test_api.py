@@ -5,11 +5,13 @@ round schedule, checkpoint and resume of the whole island, refusals of models th
 part. Partners, mixing and fingerprints across processes are in tests/integration.
 """
 
+import time
+
 import pytest
 import torch
 
 import p2p_diloco
-from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, IslandConfig
+from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, IslandConfig, NetworkConfig
 from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.core.params import ParamSlices, fingerprint
@@ -162,3 +164,36 @@ def test_a_momentum_mode_only_the_simulator_runs_is_a_clear_error():
     model = torch.nn.Linear(4, 4)
     with pytest.raises(ConfigError, match="only in the simulator"):
         p2p_diloco.join(model, torch.optim.SGD(model.parameters(), lr=0.1), diloco=DiLoCoConfig(momentum="rescaled-int4"))
+
+
+def test_an_island_catching_up_trains_on_while_it_downloads_and_then_adopts(tmp_path, monkeypatch):
+    """A catch-up (an island found far behind the swarm) downloads on a thread: a slow member's state
+    never stalls the inner steps; the state is adopted between two of them once it is all there."""
+    torch.manual_seed(0)
+    ahead_model = Tiny(width=4096)  # 65,552 trainable values: about 0.6 s at 1 Mbit/s in int8
+    opt = torch.optim.SGD(ahead_model.head.parameters(), lr=0.1)
+    ahead = p2p_diloco.join(ahead_model, opt, discovery=DiscoveryConfig(discovery="zmq"),
+                            network=NetworkConfig(max_upload_mbps=1.0),
+                            island=IslandConfig(run_dir=tmp_path / "ahead", quiet=True, join_timeout_s=0.2,
+                                                max_rounds=4, max_stretch=0.0),
+                            diloco=DiLoCoConfig(local_steps=2))
+    torch.manual_seed(0)
+    model = Tiny(width=4096)
+    behind = lone_island(tmp_path / "behind", model, torch.optim.SGD(model.head.parameters(), lr=0.1))
+    with ahead, behind:
+        while not ahead.done:
+            loss_of(ahead_model, torch.Generator().manual_seed(2)).backward()
+            opt.step()
+            opt.zero_grad()
+            ahead.step()
+        record = ahead.record()
+        monkeypatch.setattr(behind.membership, "members", lambda: {record.peer_id: record})
+        behind._catch_up(record.peer_id, record.version)
+        steps, t0 = 0, time.monotonic()
+        while behind.catch_up is not None:
+            behind.step()
+            steps += 1
+            assert time.monotonic() - t0 < 30
+        assert steps > 10  # it trained on while the state arrived (a step here is far under 0.1 s)
+        assert behind.version == record.version
+        assert torch.allclose(behind.outer.state.phi, ahead.outer.state.phi, atol=0.05)
