@@ -1,4 +1,4 @@
-"""Payload codecs for exchanged state: fp32 (lossless), bf16, fp16, and int8 with per-block scales.
+"""Payload codecs for exchanged state: fp32 (lossless), bf16, fp16, and int8 or int4 with per-block scales.
 
 One module shared by the simulator (which counts the bytes and applies the same rounding) and the
 wire (which moves the bytes), so a simulated exchange and a real one lose exactly the same
@@ -6,7 +6,9 @@ information. Encoding turns a flat fp32 tensor into one flat uint8 buffer; decod
 fp32, so the receiver accumulates in full precision whatever travelled.
 
 int8 layout: `[scales: fp32 x n_blocks][codes: int8 x numel]`, one absmax scale per block of
-`INT8_BLOCK` values (symmetric, code = round(x / scale), scale = absmax / 127).
+`INT8_BLOCK` values (symmetric, code = round(x / scale), scale = absmax / 127). int4 (the outer
+momentum's codec by default): the same scales with absmax / 7, then two codes per byte, each stored
+as code + 8 (1..15), the first value of a pair in the low nibble; an odd count ends in a pad nibble.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from p2p_diloco.config import CODECS
 from p2p_diloco.errors import CodecError
 
 INT8_BLOCK = 256
+BLOCK_CODECS = ("int8", "int4")
+"""Codecs laid out as `[scales][codes]` with one scale per `INT8_BLOCK` values."""
+_CODE_MAX = {"int8": 127.0, "int4": 7.0}
 
 
 def check_codec(codec: str) -> str:
@@ -35,7 +40,7 @@ def encoded_nbytes(numel: int, codec: str) -> int:
         return 4 * numel
     if codec in ("bf16", "fp16"):
         return 2 * numel
-    return 4 * math.ceil(numel / INT8_BLOCK) + numel
+    return 4 * math.ceil(numel / INT8_BLOCK) + (numel if codec == "int8" else (numel + 1) // 2)
 
 
 def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
@@ -52,15 +57,23 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
         if x.numel() and x.abs().max().item() > torch.finfo(torch.float16).max:
             raise CodecError("value out of fp16 range; use bf16 or int8 for this state")
         return x.to(torch.float16).view(torch.uint8)
-    n = x.numel()
+    n, top = x.numel(), _CODE_MAX[codec]
     n_blocks = math.ceil(n / INT8_BLOCK)
     padded = torch.zeros(n_blocks * INT8_BLOCK, dtype=torch.float32)
     padded[:n] = x
     blocks = padded.view(n_blocks, INT8_BLOCK)  # (n_blocks, INT8_BLOCK)
-    scales = blocks.abs().amax(dim=1) / 127.0  # (n_blocks,)
+    scales = blocks.abs().amax(dim=1) / top  # (n_blocks,)
     safe = torch.where(scales > 0, scales, torch.ones_like(scales))
-    codes = torch.round(blocks / safe[:, None]).clamp_(-127, 127).to(torch.int8).view(-1)[:n]
-    return torch.cat([scales.view(torch.uint8), codes.view(torch.uint8)])
+    codes = torch.round(blocks / safe[:, None]).clamp_(-top, top)
+    if codec == "int8":
+        return torch.cat([scales.view(torch.uint8), codes.to(torch.int8).view(-1)[:n].view(torch.uint8)])
+    nibbles = (codes.view(-1)[: n + n % 2] + 8).to(torch.uint8)  # 1..15 (the pad nibble of an odd count: 8)
+    return torch.cat([scales.view(torch.uint8), nibbles[0::2] | (nibbles[1::2] << 4)])
+
+
+def _unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """Two codes per byte back to signed values (as fp32), in order."""
+    return torch.stack([packed & 15, packed >> 4], dim=1).view(-1).float() - 8
 
 
 def decode(buf: torch.Tensor | bytes | bytearray | memoryview, numel: int, codec: str) -> torch.Tensor:
@@ -86,9 +99,9 @@ def decode(buf: torch.Tensor | bytes | bytearray | memoryview, numel: int, codec
         return buf.view(torch.float16).float()
     n_blocks = math.ceil(numel / INT8_BLOCK)
     scales = buf[: 4 * n_blocks].view(torch.float32)
-    codes = buf[4 * n_blocks :].view(torch.int8).float()
+    codes = buf[4 * n_blocks :]
     padded = torch.zeros(n_blocks * INT8_BLOCK, dtype=torch.float32)
-    padded[:numel] = codes
+    padded[:numel] = codes.view(torch.int8) if codec == "int8" else _unpack_int4(codes)[:numel]
     return (padded.view(n_blocks, INT8_BLOCK) * scales[:, None]).view(-1)[:numel].contiguous()
 
 
@@ -118,19 +131,27 @@ def decode_range_into(out: torch.Tensor, buf: torch.Tensor, codec: str, start: i
     """Decode values `[start, start + n)` of one tensor into `out[start:start + n]`, from a slice.
 
     Lets a receiver decode chunk by chunk, without a second full-size buffer. `out` is the flat fp32
-    destination; `buf` a flat uint8 slice holding the values' fp32/bf16/fp16 bytes, or, for int8,
-    the values' codes, with `scales` the tensor's whole fp32 scale vector. Returns the filled view.
+    destination; `buf` a flat uint8 slice holding the values' fp32/bf16/fp16 bytes, or, for int8 and
+    int4, the values' codes (int4: `start` even, and the last value may be a pad nibble, dropped where
+    `out` ends), with `scales` the tensor's whole fp32 scale vector. Returns the filled view.
     Gives bit-for-bit what `decode` gives for the same values. `dst_start` writes them at
     `out[dst_start:]` instead (a destination that holds only a slice of the tensor).
     """
     at = start if dst_start is None else dst_start
     check_codec(codec)
-    if codec == "int8":
+    if codec in BLOCK_CODECS:
         if scales is None:
-            raise CodecError("int8 range decoding needs the tensor's scales")
-        n = buf.numel()
-        dst = out[at : at + n]
-        dst.copy_(buf.view(torch.int8))  # codes as floats, then scaled block by block in place
+            raise CodecError(f"{codec} range decoding needs the tensor's scales")
+        if codec == "int8":
+            n = buf.numel()
+            dst = out[at : at + n]
+            dst.copy_(buf.view(torch.int8))  # codes as floats, then scaled block by block in place
+        else:
+            if start % 2:
+                raise CodecError("an int4 slice starts at an even value")
+            n = min(2 * buf.numel(), out.numel() - at)
+            dst = out[at : at + n]
+            dst.copy_(_unpack_int4(buf)[:n])
         i = 0  # position in this slice
         while i < n:
             b, pos = divmod(start + i, INT8_BLOCK)
@@ -165,22 +186,22 @@ def encode_into(dst: torch.Tensor, x: torch.Tensor, codec: str, chunk: int = 1 <
     n = x.numel()
     if dst.numel() != encoded_nbytes(n, codec):
         raise CodecError(f"{codec} buffer for {n} values must be {encoded_nbytes(n, codec)} bytes, got {dst.numel()}")
-    if codec != "int8":
+    if codec not in BLOCK_CODECS:
         if codec == "fp16" and n and x.abs().max().item() > torch.finfo(torch.float16).max:
             raise CodecError("value out of fp16 range; use bf16 or int8 for this state")
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[codec]
         dst.view(dtype).copy_(x.detach().reshape(-1))
         return
     chunk -= chunk % INT8_BLOCK
-    n_blocks = math.ceil(n / INT8_BLOCK)
+    n_blocks, per_byte = math.ceil(n / INT8_BLOCK), 1 if codec == "int8" else 2
     scales, codes = dst[: 4 * n_blocks].view(torch.float32), dst[4 * n_blocks :]
     flat = x.detach().reshape(-1)
     for i in range(0, n, chunk):
         j = min(i + chunk, n)
-        enc = encode(flat[i:j].contiguous(), "int8")
+        enc = encode(flat[i:j].contiguous(), codec)
         b = math.ceil((j - i) / INT8_BLOCK)
         scales[i // INT8_BLOCK : i // INT8_BLOCK + b].copy_(enc[: 4 * b].view(torch.float32))
-        codes[i:j].copy_(enc[4 * b :])
+        codes[i // per_byte : i // per_byte + enc.numel() - 4 * b].copy_(enc[4 * b :])
 
 
 class EncodedVector:
@@ -213,11 +234,15 @@ class EncodedVector:
     def float(self) -> torch.Tensor:
         out = torch.empty(self.length, dtype=torch.float32)
         a, b = self.start, self.start + self.length
-        if self.codec == "int8":
+        if self.codec in BLOCK_CODECS:
             n_blocks = math.ceil(self.total / INT8_BLOCK)
-            scales = self.buf[: 4 * n_blocks].view(torch.float32)
-            codes = self.buf[4 * n_blocks + a : 4 * n_blocks + b]
-            return decode_range_into(out, codes, "int8", a, scales=scales, dst_start=0)
+            scales, codes = self.buf[: 4 * n_blocks].view(torch.float32), self.buf[4 * n_blocks :]
+            if self.codec == "int8":
+                return decode_range_into(out, codes[a:b], "int8", a, scales=scales, dst_start=0)
+            odd = a % 2  # int4 decodes from the pair's first value
+            wide = torch.empty(self.length + 1, dtype=torch.float32) if odd else out
+            decode_range_into(wide, codes[(a - odd) // 2 : (b + 1) // 2], "int4", a - odd, scales=scales, dst_start=0)
+            return wide[odd:]
         width = 4 if self.codec == "fp32" else 2
         return decode_range_into(out, self.buf[width * a : width * b], self.codec, a, dst_start=0)
 
@@ -225,65 +250,3 @@ class EncodedVector:
            non_blocking: bool = False) -> torch.Tensor:
         out = self.float()
         return out if device is None else out.to(device, non_blocking=non_blocking)
-
-
-COARSE_CODECS = ("int4", "sign")
-"""Coarser codecs for the outer momentum only (simulator for now; `DiLoCoConfig.momentum`): `int4`
-holds 4-bit codes with one absmax scale per block of `INT8_BLOCK` values (code = round(x / scale),
-scale = absmax / 7), `sign` one bit per value with the block's mean |x| as its magnitude. Layout:
-`[scales: fp32 x n_blocks][codes: two int4 or eight signs per byte]`."""
-
-
-def coarse_nbytes(numel: int, codec: str) -> int:
-    """Bytes that `coarse_encode` produces for `numel` values."""
-    if codec not in COARSE_CODECS:
-        raise CodecError(f"unknown coarse codec {codec!r}; choose one of {', '.join(COARSE_CODECS)}")
-    per_byte = 2 if codec == "int4" else 8
-    return 4 * math.ceil(numel / INT8_BLOCK) + math.ceil(numel / per_byte)
-
-
-def coarse_encode(x: torch.Tensor, codec: str) -> torch.Tensor:
-    """Encode a flat fp32 tensor with a coarse codec as a flat uint8 tensor of `coarse_nbytes` bytes."""
-    coarse_nbytes(0, codec)
-    if x.dtype != torch.float32 or x.dim() != 1:
-        raise CodecError(f"encode expects a flat float32 tensor, got {x.dtype} with shape {tuple(x.shape)}")
-    n, per_byte = x.numel(), 2 if codec == "int4" else 8
-    n_blocks = math.ceil(n / INT8_BLOCK)
-    blocks = torch.zeros(n_blocks * INT8_BLOCK, dtype=torch.float32)
-    blocks[:n] = x.detach()
-    blocks = blocks.view(n_blocks, INT8_BLOCK)  # (n_blocks, INT8_BLOCK)
-    if codec == "int4":
-        scales = blocks.abs().amax(dim=1) / 7.0
-        safe = torch.where(scales > 0, scales, torch.ones_like(scales))
-        codes = (torch.round(blocks / safe[:, None]).clamp_(-7, 7) + 8).to(torch.uint8).view(-1)  # 1..15
-    else:
-        counts = torch.full((n_blocks,), float(INT8_BLOCK))
-        if n_blocks:
-            counts[-1] = n - (n_blocks - 1) * INT8_BLOCK  # the last block may be partial
-        scales = blocks.abs().sum(dim=1) / counts
-        codes = (blocks >= 0).to(torch.uint8).view(-1)
-    codes = torch.cat([codes[:n], torch.zeros(-n % per_byte, dtype=torch.uint8)]).view(-1, per_byte)
-    weights = torch.tensor([16**k if codec == "int4" else 2**k for k in range(per_byte)], dtype=torch.int32)
-    packed = (codes.to(torch.int32) * weights).sum(dim=1).to(torch.uint8)  # (ceil(n / per_byte),)
-    return torch.cat([scales.view(torch.uint8), packed])
-
-
-def coarse_decode(buf: torch.Tensor, numel: int, codec: str) -> torch.Tensor:
-    """Decode a buffer made by `coarse_encode` back to `numel` fp32 values."""
-    expected = coarse_nbytes(numel, codec)
-    if buf.dtype != torch.uint8 or buf.dim() != 1 or buf.numel() != expected:
-        raise CodecError(f"{codec} payload of {numel} values must be a flat uint8 buffer of {expected} bytes")
-    n_blocks, per_byte = math.ceil(numel / INT8_BLOCK), 2 if codec == "int4" else 8
-    scales = buf[: 4 * n_blocks].contiguous().view(torch.float32)
-    packed = buf[4 * n_blocks :].to(torch.int32)
-    bits = 4 if codec == "int4" else 1
-    codes = torch.stack([(packed >> (bits * k)) & (2**bits - 1) for k in range(per_byte)], dim=1).view(-1)
-    values = (codes.float() - 8) if codec == "int4" else codes.float() * 2 - 1
-    padded = torch.zeros(n_blocks * INT8_BLOCK, dtype=torch.float32)
-    padded[:numel] = values[:numel]
-    return (padded.view(n_blocks, INT8_BLOCK) * scales[:, None]).view(-1)[:numel].contiguous()
-
-
-def coarse_roundtrip(x: torch.Tensor, codec: str) -> torch.Tensor:
-    """What the receiver sees after `x` travels with a coarse codec (used by the simulator)."""
-    return coarse_decode(coarse_encode(x, codec), x.numel(), codec)

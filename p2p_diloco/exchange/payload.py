@@ -38,13 +38,15 @@ def block_digests(buf: memoryview, block: int) -> bytes:
 
 
 def pack(tensors: Mapping[str, torch.Tensor], codec: str, *, version: int, tokens: int,
-         meta: Mapping[str, Any] | None = None) -> tuple[Manifest, torch.Tensor]:
-    """Encode `tensors` with `codec` into one new uint8 buffer and describe it in a manifest.
+         meta: Mapping[str, Any] | None = None,
+         codec_of: Mapping[str, str] | None = None) -> tuple[Manifest, torch.Tensor]:
+    """Encode `tensors` with `codec` (or `codec_of[name]`, the codec of one tensor: an island's
+    momentum travels in int4) into one new uint8 buffer and describe it in a manifest.
 
     The buffer is a copy: the caller may keep changing its tensors. Raises `BadPayload` for
     non-finite values and `ProtocolError` for names, types or metadata the protocol cannot carry.
     """
-    codecs.check_codec(codec)
+    codec_of = {name: codecs.check_codec((codec_of or {}).get(name, codec)) for name in tensors}
     if not isinstance(version, int) or not isinstance(tokens, int) or version < 0 or tokens < 0:
         raise ProtocolError(f"version and tokens must be non-negative ints, got {version!r}, {tokens!r}")
     meta = check_meta(dict(meta or {}))
@@ -59,14 +61,14 @@ def pack(tensors: Mapping[str, torch.Tensor], codec: str, *, version: int, token
         if not codecs.all_finite(t.detach()):
             raise BadPayload(f"refusing to publish tensor {name!r}: it holds NaN or infinite values")
         offset = align_up(end)
-        specs.append(TensorSpec(name=name, shape=tuple(t.shape), codec=codec, offset=offset,
-                                nbytes=codecs.encoded_nbytes(t.numel(), codec)))
+        specs.append(TensorSpec(name=name, shape=tuple(t.shape), codec=codec_of[name], offset=offset,
+                                nbytes=codecs.encoded_nbytes(t.numel(), codec_of[name])))
         end = offset + specs[-1].nbytes
     buf = torch.empty(end, dtype=torch.uint8)
     prev_end = 0
     for spec, t in zip(specs, tensors.values()):
         buf[prev_end : spec.offset].zero_()  # alignment padding, covered by the digests
-        codecs.encode_into(buf[spec.offset : spec.offset + spec.nbytes], t.detach().reshape(-1), codec)
+        codecs.encode_into(buf[spec.offset : spec.offset + spec.nbytes], t.detach().reshape(-1), spec.codec)
         prev_end = spec.offset + spec.nbytes
     block = choose_block(end)
     manifest = Manifest(sid=secrets.randbits(63) or 1, version=version, tokens=tokens, meta=meta,
@@ -95,7 +97,7 @@ class Assembler:
             self._out = {t.name: _output(t.numel) for t in manifest.tensors}
             _Prefaulter(list(self._out.values())).start()
             self._scales = {t.name: torch.empty(-(-t.numel // codecs.INT8_BLOCK), dtype=torch.float32)
-                            for t in manifest.tensors if t.codec == "int8"}
+                            for t in manifest.tensors if t.codec in codecs.BLOCK_CODECS}
         self._next = 0  # index of the first tensor not yet complete
 
     @property
@@ -163,7 +165,7 @@ class Assembler:
 
     def _decode(self, t: TensorSpec, rel: int, seg: torch.Tensor) -> None:
         out = self._out[t.name]
-        if t.codec != "int8":
+        if t.codec not in codecs.BLOCK_CODECS:
             done = codecs.decode_range_into(out, seg, t.codec, rel // (4 if t.codec == "fp32" else 2))
             if t.codec != "fp32" and not codecs.all_finite(done):
                 raise BadPayload(f"tensor {t.name!r} holds NaN or infinite values")
@@ -176,9 +178,10 @@ class Assembler:
             seg, rel = seg[k:], rel + k
         if seg.numel():
             assert rel >= n_scale_bytes, "scales precede codes in order"
-            done = codecs.decode_range_into(out, seg, "int8", rel - n_scale_bytes, scales=scales)
+            per_byte = 1 if t.codec == "int8" else 2
+            done = codecs.decode_range_into(out, seg, t.codec, (rel - n_scale_bytes) * per_byte, scales=scales)
             if not codecs.all_finite(done):
-                raise BadPayload(f"tensor {t.name!r} has NaN or infinite int8 values (bad scales)")
+                raise BadPayload(f"tensor {t.name!r} has NaN or infinite {t.codec} values (bad scales)")
 
     def result(self) -> dict[str, torch.Tensor | codecs.EncodedVector]:
         """The tensors in their published shapes (flat `EncodedVector`s with `keep_encoded`); only once
@@ -195,13 +198,14 @@ class Assembler:
         return out
 
     def _check_encoded(self, t: TensorSpec, vec: codecs.EncodedVector) -> None:
-        """Finite values without decoding the whole tensor: int8 codes are bounded, so finite scales
-        small enough that no code times its scale overflows suffice; 16-bit values are decoded a
+        """Finite values without decoding the whole tensor: int8 and int4 codes are bounded, so finite
+        scales small enough that no code times its scale overflows suffice; 16-bit values are decoded a
         slice at a time (fp32 was checked as it arrived)."""
-        if t.codec == "int8":
+        if t.codec in codecs.BLOCK_CODECS:
             scales = vec.buf[: 4 * -(-t.numel // codecs.INT8_BLOCK)].view(torch.float32)
             if not (codecs.all_finite(scales) and bool((scales.abs() <= _MAX_INT8_SCALE).all())):
-                raise BadPayload(f"tensor {t.name!r} has NaN or infinite int8 scales (or scales that overflow when decoded)")
+                raise BadPayload(f"tensor {t.name!r} has NaN or infinite {t.codec} scales (or scales that overflow "
+                                 "when decoded)")
         elif t.codec != "fp32":
             for i in range(0, t.numel, _CHECK_SLICE):
                 if not codecs.all_finite(vec[i : i + _CHECK_SLICE].float()):
@@ -209,7 +213,7 @@ class Assembler:
 
 
 _MAX_INT8_SCALE = torch.finfo(torch.float32).max / 128
-"""The largest int8 scale whose every code (-128..127) decodes to a finite fp32 value."""
+"""The largest int8 (or int4) scale whose every code (-128..127) decodes to a finite fp32 value."""
 _CHECK_SLICE = 1 << 22
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14: fault pages in, writable, without touching their contents
 _PREFAULT_STEP = 8 * 1024 * 1024

@@ -113,8 +113,9 @@ class SnapshotServer:
     # -- the training side ------------------------------------------------------------------------
 
     def publish(self, tensors: Mapping[str, torch.Tensor], version: int, tokens: int,
-                meta: Mapping[str, Any] | None = None) -> wire.Manifest:
-        """Snapshot `tensors` (copied, encoded with the configured codec) and serve it from now on.
+                meta: Mapping[str, Any] | None = None, codec_of: Mapping[str, str] | None = None) -> wire.Manifest:
+        """Snapshot `tensors` (copied, encoded with the configured codec, or `codec_of[name]`) and serve
+        it from now on.
 
         When `retain_snapshots` are served already, the oldest is dropped first, so a publish never
         holds one more snapshot than that (fetches still reading it get `gone` either way).
@@ -124,7 +125,8 @@ class SnapshotServer:
                 snaps = dict(self._snapshots)
                 snaps.pop(next(iter(snaps)))
                 self._snapshots = snaps
-        manifest, buf = payload.pack(tensors, self.config.compression, version=version, tokens=tokens, meta=meta)
+        manifest, buf = payload.pack(tensors, self.config.compression, version=version, tokens=tokens, meta=meta,
+                                     codec_of=codec_of)
         snap = _Published(manifest=manifest, view=memoryview(buf.numpy()), buf=buf)
         with self._lock:
             snaps = dict(self._snapshots)

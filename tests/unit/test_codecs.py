@@ -50,31 +50,30 @@ def test_decode_accepts_bytes():
     assert torch.allclose(codecs.decode(raw, 513, "int8"), codecs.roundtrip(x, "int8"))
 
 
-@pytest.mark.parametrize("codec", codecs.COARSE_CODECS)
-def test_coarse_codecs_sizes_and_error(codec):
+def test_int4_is_within_half_a_step_and_about_half_of_int8():
     for n in (0, 1, 7, 255, 256, 257, 4099):
         x = torch.randn(n, generator=torch.Generator().manual_seed(n))
-        buf = codecs.coarse_encode(x, codec)
-        assert buf.dtype == torch.uint8 and buf.numel() == codecs.coarse_nbytes(n, codec)
-        y = codecs.coarse_decode(buf, n, codec)
+        buf = codecs.encode(x, "int4")
+        assert buf.dtype == torch.uint8 and buf.numel() == codecs.encoded_nbytes(n, "int4")
+        y = codecs.decode(buf, n, "int4")
         assert y.dtype == torch.float32 and y.shape == x.shape
-        if n == 0:
-            continue
         blocks = torch.nn.functional.pad(x, (0, (-n) % codecs.INT8_BLOCK)).view(-1, codecs.INT8_BLOCK)
-        if codec == "int4":  # within half a step of each block's absmax / 7
-            step = (blocks.abs().amax(1) / 7).repeat_interleave(codecs.INT8_BLOCK)[:n]
-            assert ((x - y).abs() <= step / 2 + 1e-6).all()
-        else:  # the sign kept, the magnitude the block's mean |x|
-            assert (torch.sign(y) == torch.where(x >= 0, 1.0, -1.0)).all()
-            mean_abs = [x[i : i + codecs.INT8_BLOCK].abs().mean() for i in range(0, n, codecs.INT8_BLOCK)]
-            assert torch.allclose(y.abs(), torch.stack(mean_abs).repeat_interleave(codecs.INT8_BLOCK)[:n])
-
-
-def test_coarse_codecs_are_smaller_than_int8():
+        step = (blocks.abs().amax(1) / 7).repeat_interleave(codecs.INT8_BLOCK)[:n]
+        assert ((x - y).abs() <= step / 2 + 1e-6).all()
     n = 1_000_000
-    int8 = codecs.encoded_nbytes(n, "int8")
-    assert codecs.coarse_nbytes(n, "int4") / int8 < 0.52 and codecs.coarse_nbytes(n, "sign") / int8 < 0.14
-    with pytest.raises(CodecError):
-        codecs.coarse_nbytes(n, "int8")
-    with pytest.raises(CodecError):
-        codecs.coarse_decode(torch.zeros(3, dtype=torch.uint8), n, "int4")
+    assert codecs.encoded_nbytes(n, "int4") / codecs.encoded_nbytes(n, "int8") < 0.52
+
+
+@pytest.mark.parametrize("codec", ["int8", "int4", "bf16"])
+def test_slices_of_an_encoded_vector_and_chunked_encoding_match_the_whole(codec):
+    """Any slice, odd starts and ends included, decodes bit for bit as the whole does; `encode_into`
+    writes, chunk by chunk, what `encode` writes."""
+    n = 3 * codecs.INT8_BLOCK + 77
+    x = torch.randn(n, generator=torch.Generator().manual_seed(3))
+    whole = codecs.encode(x, codec)
+    chunked = torch.empty_like(whole)
+    codecs.encode_into(chunked, x, codec, chunk=2 * codecs.INT8_BLOCK)
+    assert torch.equal(chunked, whole)
+    ref, vec = codecs.decode(whole, n, codec), codecs.EncodedVector(whole, codec, n)
+    for i, j in [(0, n), (1, 2), (3, 600), (256, 513), (n - 1, n), (700, 700)]:
+        assert torch.equal(vec[i:j].float(), ref[i:j]), (i, j)
