@@ -43,7 +43,7 @@ from p2p_diloco.core.params import fingerprint, weights_digest
 from p2p_diloco.discovery import open_membership
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.peers import checkpoint
-from p2p_diloco.errors import CheckpointError, ConfigError
+from p2p_diloco.errors import CheckpointError
 from p2p_diloco.peers.divergence import DivergenceGuard
 from p2p_diloco.peers.distributed import CARRY_ON, NEW_ROUND, STOP, SYNC, IntraIsland
 from p2p_diloco.peers.gossip import GossipWorker
@@ -56,8 +56,6 @@ from p2p_diloco.peers.rounds import ANNOUNCE_EVERY_S, Round, RoundsMixin
 from p2p_diloco.peers.state import ModelExtras, join_from_freshest, resume
 
 log = logging.getLogger(__name__)
-SWARM_MOMENTUM_MODES = ("local", "mixed")
-"""What an island's exchange carries; the other `--momentum` modes are measured in the simulator only."""
 ABANDON_FETCH_S = 1.0
 """On leaving, how long a running fetch may finish before it is abandoned."""
 
@@ -74,9 +72,6 @@ class SwarmIsland(RoundsMixin):
 
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.diloco, self.network = diloco or DiLoCoConfig(), network or NetworkConfig()
-        if self.diloco.momentum not in SWARM_MOMENTUM_MODES:  # the others are the simulator's experiments
-            raise ConfigError(f"diloco.momentum: {self.diloco.momentum!r} runs only in the simulator so far; an "
-                              f"island takes one of {SWARM_MOMENTUM_MODES}")
         self.cfg = island or IslandConfig()
         self.eval_fn, self.extra_state, self.group = eval_fn, extra_state, group
         self.world = 1 if group is None else group.world

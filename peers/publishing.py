@@ -3,8 +3,9 @@
 The snapshot server encodes host tensors. An anchor on an accelerator is first copied into a
 pinned host buffer (allocated once, reused every round: an asynchronous DMA copy instead of a
 pageable one, and no new allocation per round); an anchor on the host is encoded where it is.
-What is published: the anchor always, the momentum in `momentum="mixed"` mode, the last
-pseudo-gradient when partners average pseudo-gradients; the manifest's meta names the island and
+What is published: the anchor always, the momentum when the momentum mode mixes it
+(`core.outer.publishes_momentum`; in int4 where the mode says so), the last pseudo-gradient when
+partners average pseudo-gradients or the mode adds them to the momentum; the manifest's meta names the island and
 its model fingerprint and its run (the digest of the run's initial weights), so a partner with
 another model, or from another run, refuses the state before mixing it.
 """
@@ -17,6 +18,7 @@ import torch
 
 from p2p_diloco.config import DiLoCoConfig
 from p2p_diloco.core.device import pinned_buffer, to_host
+from p2p_diloco.core.outer import MOMENTUM_CODECS, publishes_delta, publishes_momentum
 
 
 class Publisher:
@@ -32,9 +34,9 @@ class Publisher:
     def tensors(self) -> dict[str, torch.Tensor]:
         s = self.outer.state
         out = {"phi": s.phi}
-        if self.diloco.momentum == "mixed":
+        if publishes_momentum(self.diloco, s.version):
             out["m"] = s.m
-        if self.diloco.mix_pseudo_gradient and s.delta is not None:
+        if publishes_delta(self.diloco) and s.delta is not None:
             out["delta"] = s.delta
         return out
 
@@ -50,5 +52,6 @@ class Publisher:
         """Encode the state as it is now and serve it from now on."""
         s = self.outer.state
         host = {name: self._on_host(name, x) for name, x in self.tensors().items()}
-        self.server.publish(host, s.version, s.tokens, meta=self.meta)
+        codec_of = {"m": MOMENTUM_CODECS[self.diloco.momentum]} if self.diloco.momentum in MOMENTUM_CODECS else None
+        self.server.publish(host, s.version, s.tokens, meta=self.meta, codec_of=codec_of)
         self.published_at = time.time()

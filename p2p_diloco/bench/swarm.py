@@ -39,7 +39,7 @@ def step_seconds(rows: list[dict]) -> float:
 def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.tokens,
                     latency_ms: float = SimConfig.latency_ms, bandwidth_mbps: float | None = SimConfig.bandwidth_mbps,
                     compression: str = SimConfig.compression, local_steps: int = DiLoCoConfig.local_steps,
-                    workdir: Path | None = None, runs: int = 1) -> dict:
+                    workdir: Path | None = None, runs: int = 1, momentum: str = DiLoCoConfig.momentum) -> dict:
     """Run the swarm `runs` times (runs of the same code differ by which partner each island draws
     and when each state lands), then the two simulations once; losses are means over the runs."""
     from p2p_diloco.config import ModelConfig, TrainConfig
@@ -53,7 +53,8 @@ def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.to
     for k in range(runs):
         where = workdir / f"run-{k}" if workdir is not None and runs > 1 else workdir
         cfg = DemoConfig(islands=islands, max_tokens=per_island, latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps,
-                         local_steps=local_steps, compression=compression, run_id="bench", workdir=where)
+                         local_steps=local_steps, compression=compression, run_id="bench", workdir=where,
+                         extra_args=("--momentum", momentum))
         started = time.monotonic()
         run_dir, names, summaries = run_swarm(cfg)
         wall_s = time.monotonic() - started
@@ -62,7 +63,8 @@ def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.to
     step_s = step_seconds([r for *_, rows, _ in swarms for island in rows.values() for r in island])
     sim = SimConfig(islands=islands, methods=("gossip", "dp"), tokens=total, latency_ms=latency_ms,
                     bandwidth_mbps=bandwidth_mbps or 1e6, compression=compression, step_seconds=step_s)
-    simulation = Simulation(sim, ModelConfig(), train, DiLoCoConfig(local_steps=local_steps), load_corpus())
+    simulation = Simulation(sim, ModelConfig(), train, DiLoCoConfig(local_steps=local_steps, momentum=momentum),
+                            load_corpus())
     gossip, dp = simulation.run("gossip"), simulation.run("dp")
     per_run = []
     for run_dir, names, summaries, rows, wall_s in swarms:
@@ -78,7 +80,7 @@ def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.to
                         "workdir": str(run_dir)})
     swarm_loss = sum(r["swarm_eval_loss"] for r in per_run) / runs
     return {"islands": islands, "tokens": total, "latency_ms": latency_ms, "bandwidth_mbps": bandwidth_mbps,
-            "compression": compression, "local_steps": local_steps, "runs": runs, "step_seconds": round(step_s, 4),
+            "compression": compression, "local_steps": local_steps, "momentum": momentum, "runs": runs, "step_seconds": round(step_s, 4),
             "swarm_eval_loss": swarm_loss, "sim_gossip_eval_loss": gossip.eval_loss, "dp_eval_loss": dp.eval_loss,
             "ratio_to_dp": swarm_loss / dp.eval_loss, "ratio_to_sim_gossip": swarm_loss / gossip.eval_loss,
             "ratio_to_dp_runs": [r["ratio_to_dp"] for r in per_run],

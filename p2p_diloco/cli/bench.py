@@ -9,7 +9,7 @@ import click
 
 from p2p_diloco.bench.round import DEFAULT_PARAMS
 from p2p_diloco.cli.options import codec_option, csv, user_errors
-from p2p_diloco.config import POISONS, DiLoCoConfig
+from p2p_diloco.config import MOMENTUM_MODES, POISONS, DiLoCoConfig
 from p2p_diloco.sim.config import SimConfig
 
 
@@ -59,16 +59,19 @@ def bench_transport(params, compression, latency_ms, bandwidth_mbps, repeat, raw
 @click.option("--bandwidth-mbps", type=float, default=SimConfig.bandwidth_mbps, show_default=True, help="Emulated link bandwidth.")
 @codec_option(SimConfig.compression)
 @click.option("--local-steps", "-H", type=int, default=DiLoCoConfig.local_steps, show_default=True, help="H (the join default).")
+@click.option("--momentum", type=click.Choice(MOMENTUM_MODES), default=DiLoCoConfig.momentum, show_default=True,
+              help="The islands' and the simulation's momentum mode (as `join --momentum`).")
 @click.option("--runs", type=click.IntRange(1, 20), default=1, show_default=True,
               help="Run the swarm this many times and report the mean loss (the simulations run once).")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the islands' files here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_steps, runs, workdir, as_json) -> None:
+def bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_steps, momentum, runs, workdir,
+                as_json) -> None:
     """Real islands on loopback over an emulated WAN, against the simulator and data parallel."""
     from p2p_diloco.bench.swarm import run_bench_swarm
 
     out = run_bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_steps,
-                          Path(workdir) if workdir else None, runs)
+                          Path(workdir) if workdir else None, runs, momentum)
     if as_json:
         click.echo(json.dumps(out))
         return

@@ -98,7 +98,8 @@ def diloco_options(f: Callable) -> Callable:
     f = click.option("--outer-lr", type=float, default=D.outer_lr, show_default=True, help="Outer Nesterov learning rate.")(f)
     f = click.option("--outer-momentum", type=float, default=D.outer_momentum, show_default=True, help="Outer Nesterov momentum.")(f)
     f = click.option("--momentum", type=click.Choice(MOMENTUM_MODES), default=D.momentum, show_default=True,
-                     help="Mix outer momentum with the partner's, or keep it local.")(f)
+                     help="How outer momentum travels: in 4 bits, mixed and rescaled (the default), kept local, "
+                          "or a variant (docs/DESIGN.md, section 2.2).")(f)
     f = click.option("--mix-at", type=click.Choice(MIX_TIMES), default=D.mix_at, show_default=True,
                      help="Mix a partner's state as soon as it arrives (anchor and weights), or at the end of the round.")(f)
     f = click.option("--mix-weight", type=float, default=D.mix_weight, show_default=True,

@@ -31,7 +31,9 @@ from p2p_diloco.core.device import resolve_device
 from p2p_diloco.core.inner import InnerLoop, evaluate
 from p2p_diloco.core.island import Island, load_vector
 from p2p_diloco.core.model import build_model
-from p2p_diloco.core.outer import MOMENTUM_CODECS, PartnerState, publishes_delta, publishes_momentum, wants_momentum
+from p2p_diloco.core.outer import (
+    BUFFER_MODES, MOMENTUM_CODECS, PartnerState, publishes_delta, publishes_momentum, wants_momentum
+)
 from p2p_diloco.sim.gossip import GossipRun
 
 log = logging.getLogger(__name__)
@@ -123,15 +125,16 @@ class Simulation:
         m = None
         if publishes_momentum(d, s.version):
             mc = MOMENTUM_CODECS.get(d.momentum)
-            m = codecs.roundtrip(s.m, c) if mc is None else codecs.coarse_roundtrip(s.m, mc)
+            m = codecs.roundtrip(s.m, mc or c)
         return PartnerState(phi=codecs.roundtrip(s.phi, c), m=m,
                             delta=codecs.roundtrip(s.delta, c) if publishes_delta(d) else None,
                             version=s.version, tokens=s.tokens, peer=island.name)
 
     def state_bytes(self, n: int) -> int:
-        """Bytes of one published state on the wire: anchor, plus momentum and delta when mixed."""
-        parts = 1 + (self.diloco.momentum == "mixed") + self.diloco.mix_pseudo_gradient
-        return parts * codecs.encoded_nbytes(n, self.sim.compression)
+        """Bytes of one published state on the wire: anchor, plus momentum and delta when published."""
+        c, d = self.sim.compression, self.diloco
+        m = codecs.encoded_nbytes(n, MOMENTUM_CODECS.get(d.momentum, c)) if d.momentum in BUFFER_MODES else 0
+        return codecs.encoded_nbytes(n, c) * (1 + publishes_delta(d)) + m
 
     def fetch_bytes(self, partner: PartnerState, own_version: int) -> int:
         """Bytes a receiver at `own_version` fetches of a published state: the anchor, the momentum when
@@ -140,7 +143,7 @@ class Simulation:
         out = codecs.encoded_nbytes(n, c) * (1 + (partner.delta is not None))
         if partner.m is not None and wants_momentum(self.diloco, own_version, partner.version):
             mc = MOMENTUM_CODECS.get(self.diloco.momentum)
-            out += codecs.encoded_nbytes(n, c) if mc is None else codecs.coarse_nbytes(n, mc)
+            out += codecs.encoded_nbytes(n, mc or c)
         return out
 
     def _gossip(self) -> MethodResult:

@@ -13,9 +13,12 @@ import torch
 import p2p_diloco
 from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, IslandConfig, NetworkConfig
 from p2p_diloco.core.island import OuterLoop
-from p2p_diloco.core.outer import PartnerState
+from p2p_diloco.core import codecs
+from p2p_diloco.core.codecs import EncodedVector
+from p2p_diloco.core.outer import OuterState, PartnerState, mix
 from p2p_diloco.core.params import ParamSlices, fingerprint
 from p2p_diloco.errors import CheckpointError, ModelError, TransportError
+from p2p_diloco.exchange.client import fetch
 from p2p_diloco.peers.gossip import partner_state
 
 pytestmark = pytest.mark.timeout(60)
@@ -156,14 +159,28 @@ def test_a_joiner_adopts_an_encoded_state_into_its_anchor_and_weights():
     assert torch.equal(outer.params_vector(), outer.state.phi) and (outer.state.version, outer.state.tokens) == (7, 99)
 
 
-def test_a_momentum_mode_only_the_simulator_runs_is_a_clear_error():
-    import p2p_diloco
-    from p2p_diloco.config import DiLoCoConfig
-    from p2p_diloco.errors import ConfigError
-
-    model = torch.nn.Linear(4, 4)
-    with pytest.raises(ConfigError, match="only in the simulator"):
-        p2p_diloco.join(model, torch.optim.SGD(model.parameters(), lr=0.1), diloco=DiLoCoConfig(momentum="rescaled-int4"))
+def test_an_island_publishes_its_momentum_in_four_bits_and_a_partner_mixes_it_rescaled(tmp_path):
+    """`momentum="rescaled-int4"` (the default): the anchor travels in int8, the momentum in int4
+    with its own scales; a fetcher keeps both encoded, and mixing keeps the interpolated norm."""
+    torch.manual_seed(0)
+    model = Tiny(width=300)
+    opt = torch.optim.SGD(model.head.parameters(), lr=0.1)
+    with lone_island(tmp_path, model, opt, max_rounds=2, max_stretch=0.0) as island:
+        gen = torch.Generator().manual_seed(1)
+        while not island.done:
+            loss_of(model, gen).backward()
+            opt.step()
+            opt.zero_grad()
+            island.step()
+        snap = fetch(island.server.endpoint, decode=False)
+        m = island.outer.state.m.clone()
+    assert island.diloco.momentum == "rescaled-int4" and m.norm() > 0
+    assert {t.name: t.codec for t in snap.manifest.tensors} == {"phi": "int8", "m": "int4"}
+    theirs = partner_state(snap, m.numel(), island.fingerprint, island.run_digest)
+    assert isinstance(theirs.m, EncodedVector) and torch.equal(theirs.m.float(), codecs.roundtrip(m, "int4"))
+    ours = OuterState(phi=theirs.phi.float(), m=-m.clone(), delta=None)  # the opposite direction
+    mix(ours, theirs, 0.5, island.diloco)
+    assert ours.m.norm() == pytest.approx(0.5 * m.norm() + 0.5 * theirs.m.float().norm(), rel=1e-5)
 
 
 def test_an_island_catching_up_trains_on_while_it_downloads_and_then_adopts(tmp_path, monkeypatch):

@@ -191,6 +191,7 @@ def test_momentum_variants_mix_what_they_say():
     assert mixed("noloco", outer_lr=0.5) == pytest.approx([-1.0, 0.0])
     alternate = DiLoCoConfig(momentum="alternate")
     assert [publishes_momentum(alternate, v) for v in range(4)] == [True, False, True, False]
-    assert not publishes_momentum(DiLoCoConfig(), 0) and publishes_momentum(DiLoCoConfig(momentum="mixed-sign"), 1)
+    assert not publishes_momentum(DiLoCoConfig(momentum="local"), 0)
+    assert publishes_momentum(DiLoCoConfig(), 0) and publishes_momentum(DiLoCoConfig(momentum="mixed-int4"), 1)
     assert wants_momentum(DiLoCoConfig(momentum="same-version"), 4, 4)
     assert not wants_momentum(DiLoCoConfig(momentum="same-version"), 4, 5)
