@@ -64,7 +64,7 @@ def _hdr(**d) -> bytes:
     return msgpack.packb({"v": [1, 0], **d}, use_bin_type=True)
 
 
-@pytest.mark.parametrize("codec", ["fp32", "bf16", "fp16", "int8"])
+@pytest.mark.parametrize("codec", ["fp32", "bf16", "fp16", "int8", "int4"])
 def test_fetch_returns_the_published_state(server, codec):
     srv = server(compression=codec)
     state = _state()

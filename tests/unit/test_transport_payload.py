@@ -10,10 +10,11 @@ import torch
 import xxhash
 
 from p2p_diloco.core import codecs
-from p2p_diloco.errors import BadPayload, ProtocolError
+from p2p_diloco.errors import BadPayload, CodecError, ProtocolError
 from p2p_diloco.exchange import payload, wire
+from p2p_diloco.exchange.manifest import manifest_from_wire, manifest_to_wire
 
-CODECS = ["fp32", "bf16", "fp16", "int8"]
+CODECS = ["fp32", "bf16", "fp16", "int8", "int4"]
 
 
 def _state(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -54,6 +55,19 @@ def test_chunked_reassembly_equals_the_codec_round_trip(codec):
         assert isinstance(vec, codecs.EncodedVector) and torch.equal(vec.float(), out[name].reshape(-1)), name
 
 
+def test_each_tensor_may_travel_in_its_own_codec():
+    """An island's anchor in int8 and its momentum in int4, in one snapshot."""
+    state = _state()
+    m, buf = payload.pack(state, "int8", version=1, tokens=0, codec_of={"m": "int4"})
+    assert {t.name: t.codec for t in m.tensors} == {"phi": "int8", "m": "int4", "empty": "int8", "one": "int8"}
+    assert manifest_from_wire(manifest_to_wire(m)) == m and m.total == buf.numel()  # what a fetcher checks
+    out = _assemble(m, buf)
+    assert torch.equal(out["m"], codecs.roundtrip(state["m"].reshape(-1), "int4").view(13, 257))
+    assert torch.equal(out["phi"], codecs.roundtrip(state["phi"], "int8"))
+    with pytest.raises(CodecError, match="unknown codec"):
+        payload.pack(state, "int8", version=1, tokens=0, codec_of={"m": "int3"})
+
+
 def test_pack_copies_so_later_changes_do_not_leak():
     t = torch.ones(1000)
     m, buf = payload.pack({"phi": t}, "fp32", version=1, tokens=0)
@@ -89,14 +103,14 @@ def test_digest_mismatch_is_caught_and_located():
         _assemble(m, buf)
 
 
-@pytest.mark.parametrize("codec, where", [("fp32", 5), ("bf16", 5), ("fp16", 5), ("int8", 0)])
+@pytest.mark.parametrize("codec, where", [("fp32", 5), ("bf16", 5), ("fp16", 5), ("int8", 0), ("int4", 0)])
 def test_non_finite_values_with_valid_digests_are_rejected(codec, where):
     """A peer that publishes NaN under correct digests (a diverged island) is still refused."""
     m, buf = payload.pack(_state(), codec, version=1, tokens=0)
     spec = m.tensors[0]
-    width = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 4}[codec]  # int8: corrupt a scale
+    width = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 4, "int4": 4}[codec]  # int8, int4: corrupt a scale
     nan = torch.tensor([math.nan]).to({"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
-                                       "int8": torch.float32}[codec]).view(torch.uint8)
+                                       "int8": torch.float32, "int4": torch.float32}[codec]).view(torch.uint8)
     start = spec.offset + where * width
     buf[start : start + width] = nan
     forged = wire.Manifest(**{**m.__dict__, "digests": payload.block_digests(memoryview(buf.numpy()), m.block)})
@@ -106,8 +120,9 @@ def test_non_finite_values_with_valid_digests_are_rejected(codec, where):
         _assemble(forged, buf, keep_encoded=True)
 
 
-def test_int8_scales_that_would_overflow_when_decoded_are_refused_kept_encoded():
-    m, buf = payload.pack(_state(), "int8", version=1, tokens=0)
+@pytest.mark.parametrize("codec", ["int8", "int4"])
+def test_scales_that_would_overflow_when_decoded_are_refused_kept_encoded(codec):
+    m, buf = payload.pack(_state(), codec, version=1, tokens=0)
     spec = m.tensors[0]
     buf[spec.offset : spec.offset + 4] = torch.tensor([3e38]).view(torch.uint8)  # finite, but 127 x 3e38 is not
     forged = wire.Manifest(**{**m.__dict__, "digests": payload.block_digests(memoryview(buf.numpy()), m.block)})
@@ -137,11 +152,12 @@ def test_all_finite_and_range_decoding_match_the_codec():
     for codec in CODECS:
         enc = codecs.encode(x, codec)
         out = torch.empty(5000)
-        if codec == "int8":
-            nb = -(-5000 // codecs.INT8_BLOCK)
+        if codec in codecs.BLOCK_CODECS:
+            nb, per = -(-5000 // codecs.INT8_BLOCK), 1 if codec == "int8" else 2
             scales, body = enc[: 4 * nb].view(torch.float32), enc[4 * nb :]
-            for a, b in [(0, 300), (300, 301), (301, 4999), (4999, 5000)]:
-                codecs.decode_range_into(out, body[a:b], codec, a, scales=scales)
+            cuts = [(0, 300), (300, 301), (301, 4999), (4999, 5000)] if codec == "int8" else [(0, 300), (300, 5000)]
+            for a, b in cuts:
+                codecs.decode_range_into(out, body[a // per : -(-b // per)], codec, a, scales=scales)
         else:
             w = 4 if codec == "fp32" else 2
             for a, b in [(0, 300), (300, 4999), (4999, 5000)]:
