@@ -104,7 +104,7 @@ class GossipWorker:
                     time.sleep(VERSION_POLL_S)
                 snap = fetcher.fetch(self.timeout_s, decode=False)  # decoded slice by slice as it is mixed
                 with self._lock:  # handed over at once: mixing need not wait for our push
-                    self._result = FetchResult(partner.peer_id, snap, None, snap.seconds, snap.nbytes,
+                    self._result = FetchResult(partner.peer_id, snap, None, snap.seconds, snap.wire_bytes,
                                                waited_s=time.monotonic() - started - snap.seconds,
                                                distance=self.measured(snap))
                 handed = True

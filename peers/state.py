@@ -110,7 +110,7 @@ def adopt_most_central(island: Any, states: list) -> None:
         log.warning("no member's state could be downloaded; %s", "keeping this island's own" if island.round
                     else "starting from the initial weights")
         return
-    island.bytes_in += sum(snap.nbytes for _, _, snap in states)
+    island.bytes_in += sum(snap.wire_bytes for _, _, snap in states)
     rec, state, snap = _most_central(states, island.outer.state.phi)
     island.outer.adopt(state)
     log.info("joined from %s at version %d (%d bytes in %.1f s; %d states compared)", rec.peer_id[:8], snap.version,

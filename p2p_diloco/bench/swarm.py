@@ -6,7 +6,9 @@ and the simulator runs `gossip` and `dp` with the same model, data, H, codec, li
 tokens, its virtual inner step as long as the islands' measured one (so a partner's state arrives
 as many steps into a round as it did for real). With `runs` > 1 the swarm runs that many times
 and its loss is the mean: runs of unchanged code spread over about 2%. Utilization comes from each
-island's `metrics.jsonl`: inner-step seconds over wall time.
+island's `metrics.jsonl`: inner-step seconds over wall time. Bytes moved are every frame of the
+islands' fetches, both ways (`Fetcher.wire_bytes`), against what the simulator charges for its
+own run (`exchange.cost`).
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.to
                         "tokens_per_island": [s["tokens"] for s in summaries],
                         "utilization": [utilization(rows[n]) for n in names],
                         "step_seconds": round(step_seconds([r for n in names for r in rows[n]]), 4),
-                        "bytes_moved": sum(s["bytes_in"] for s in summaries), "swarm_wall_s": round(wall_s, 1),
+                        "bytes_moved": (moved := sum(s["bytes_in"] for s in summaries)),
+                        "bytes_to_sim": moved / (gossip.bytes_sent_per_island * islands), "swarm_wall_s": round(wall_s, 1),
                         "workdir": str(run_dir)})
     swarm_loss = sum(r["swarm_eval_loss"] for r in per_run) / runs
     return {"islands": islands, "tokens": total, "latency_ms": latency_ms, "bandwidth_mbps": bandwidth_mbps,
@@ -84,4 +87,6 @@ def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.to
             "swarm_eval_loss": swarm_loss, "sim_gossip_eval_loss": gossip.eval_loss, "dp_eval_loss": dp.eval_loss,
             "ratio_to_dp": swarm_loss / dp.eval_loss, "ratio_to_sim_gossip": swarm_loss / gossip.eval_loss,
             "ratio_to_dp_runs": [r["ratio_to_dp"] for r in per_run],
+            "sim_gossip_bytes": gossip.bytes_sent_per_island * islands,
+            "bytes_to_sim_runs": [round(r["bytes_to_sim"], 4) for r in per_run],
             "utilization_min": min(u for r in per_run for u in r["utilization"]), "per_run": per_run}

@@ -61,6 +61,7 @@ class Snapshot:
     tokens: int
     meta: dict[str, Any]
     nbytes: int  # payload bytes that travelled
+    wire_bytes: int  # every frame both ways, headers included (`exchange.cost` says what is not)
     seconds: float
     endpoint: str
     stats: FetchStats
@@ -114,7 +115,7 @@ class Fetcher:
         """`peer`: fetch that peer's state from a relay at `endpoint` instead of the server's own."""
         self.endpoint, self.peer = endpoint, peer
         self.config = config or NetworkConfig()
-        self._rid = 0
+        self._rid = self.wire_bytes = 0
         self._up = False
         self._pool: ThreadPoolExecutor | None = None
         self._pacer = Pacer(self.config.latency_ms, link_rate(self.config.bandwidth_mbps, None))
@@ -145,8 +146,7 @@ class Fetcher:
         """The peer's current manifest (version, tokens, meta, layout) without the payload: one RTT."""
         timeout = timeout or self.config.fetch_timeout_s
         self._drain_monitor(busy=False)
-        first = self._rid + 1
-        t0 = time.monotonic()
+        first, t0 = self._rid + 1, time.monotonic()
         hello = wire.Hello(rid=self._next_rid(), peer=self.peer)
         self._send(hello)
         m = self._await_manifest(first, timeout, t0)
@@ -223,8 +223,10 @@ class Fetcher:
                            chunk_bytes=ctl.chunk_bytes(m.block), chunks=chunks,
                            transfer_bytes_per_s=m.total / busy if busy > 0 else math.nan)
         log.debug("fetched version %d from %s: %d bytes in %.3f s", m.version, self.endpoint, m.total, seconds)
+        wire_bytes, self.wire_bytes = self.wire_bytes, 0  # this fetch's, and those of manifests polled before it
         return Snapshot(tensors=asm.result(), version=m.version, tokens=m.tokens, meta=dict(m.meta),
-                        nbytes=m.total, seconds=seconds, endpoint=self.endpoint, stats=stats, manifest=m)
+                        nbytes=m.total, wire_bytes=wire_bytes, seconds=seconds, endpoint=self.endpoint,
+                        stats=stats, manifest=m)
 
     def push(self, manifest: wire.Manifest, payload: memoryview, timeout: float | None = None) -> int:
         """Deliver our own snapshot (`manifest` and its payload bytes) to the peer; the bytes sent.
@@ -296,6 +298,7 @@ class Fetcher:
             self._send_now(frames)
 
     def _send_now(self, frames: list[Any]) -> None:
+        self.wire_bytes += wire.frames_size(frames)
         try:
             self._sock.send_multipart(frames, flags=zmq.NOBLOCK)
         except zmq.ZMQError as e:
@@ -333,6 +336,7 @@ class Fetcher:
                     continue
             except zmq.ZMQError as e:
                 raise TransportError(f"receiving from {self.endpoint} failed: {e}") from e
+            self.wire_bytes += wire.frames_size([f.buffer for f in frames])
             reply = wire.decode_reply(frames)
             if isinstance(reply, wire.ErrorReply):
                 if reply.rid >= first or reply.rid == 0:  # 0: the server could not read our rid

@@ -127,6 +127,16 @@ def prefetch_plan(total: int, block: int, prefetch: int, chunk: int) -> list[tup
     return [(off, min(c, total - off)) for off in range(0, stop, c)][:MAX_INFLIGHT]
 
 
+def frame_size(n: int) -> int:
+    """Bytes of an `n`-byte frame on a ZeroMQ connection: ZMTP's frame header (2 bytes up to 255, else 9) first."""
+    return n + (2 if n <= 255 else 9)
+
+
+def frames_size(frames: Sequence[Any]) -> int:
+    """Bytes of one message's frames on the wire (what `Fetcher.wire_bytes` and `exchange.cost` count)."""
+    return sum(frame_size(memoryview(f).nbytes) for f in frames)
+
+
 def _header(t: str, **fields: Any) -> bytes:
     return msgpack.packb({"v": list(PROTOCOL_VERSION), "t": t, **fields}, use_bin_type=True)
 

@@ -9,7 +9,8 @@ time is accounted, not slept, so a run depends only on the seed.
 Partners: one shift per round index, `j = i + shift (mod K)`, drawn from the round number, so
 while the islands are in step each round's choice is a permutation (every island serves one
 fetch), as partner choice spreads the load in the real swarm; an offline partner is replaced by a
-random online one.
+random online one. As in the swarm (`peers.partners`), a partner that has trained nothing yet (the
+initial weights everyone starts from) is not fetched: the first round mixes nothing.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class GossipRun:
         steps = max(1, min(self.dl.local_steps, math.floor(self.round_seconds / dt + 1e-9), remaining // step_tokens))
         self.committed += steps * step_tokens
         p = {"steps": steps, "busy": steps * dt, "end": t + steps * dt, "partner": None, "arrives_after": steps}
-        if sim.mix_delay == 1 and (j := self._choose(i, t)) is not None:
+        if sim.mix_delay == 1 and (j := self._choose(i, t)) is not None and self.published[j].tokens > 0:
             p["partner"], nbytes = self._fetch(i, j)
             fetch_s = self.s.link_seconds(nbytes, hops=2)
             self.sent[j] += nbytes

@@ -34,6 +34,7 @@ from p2p_diloco.core.model import build_model
 from p2p_diloco.core.outer import (
     BUFFER_MODES, MOMENTUM_CODECS, PartnerState, publishes_delta, publishes_momentum, wants_momentum
 )
+from p2p_diloco.exchange.cost import fetch_wire_bytes
 from p2p_diloco.sim.gossip import GossipRun
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class Simulation:
         self.evals = eval_batches(corpus.val, self.block, sim.eval_batches, EVAL_BATCH_SIZE,
                                   seed=sim.seed + EVAL_SEED_OFFSET)
         self.progress = progress or (lambda method, done, total, loss: None)
+        self._fetch_cost: dict[tuple, int] = {}
         self.device = resolve_device(train_cfg.device)
         """Where every island's model, optimizer and outer state live (`--device`; exchanged states
         take the codec's round trip on the host and are mixed on the device)."""
@@ -137,14 +139,19 @@ class Simulation:
         return codecs.encoded_nbytes(n, c) * (1 + publishes_delta(d)) + m
 
     def fetch_bytes(self, partner: PartnerState, own_version: int) -> int:
-        """Bytes a receiver at `own_version` fetches of a published state: the anchor, the momentum when
-        it is published and wanted (`wants_momentum`), the pseudo-gradient when published."""
+        """Bytes a receiver at `own_version` moves to fetch a published state, both ways, message by
+        message (`exchange.cost`): the anchor, the momentum when it is published and wanted
+        (`wants_momentum`), the pseudo-gradient when published, with every header."""
         n, c = partner.phi.numel(), self.sim.compression
-        out = codecs.encoded_nbytes(n, c) * (1 + (partner.delta is not None))
+        tensors = [("phi", n, c)]
         if partner.m is not None and wants_momentum(self.diloco, own_version, partner.version):
-            mc = MOMENTUM_CODECS.get(self.diloco.momentum)
-            out += codecs.encoded_nbytes(n, mc or c)
-        return out
+            tensors.append(("m", n, MOMENTUM_CODECS.get(self.diloco.momentum, c)))
+        if partner.delta is not None:
+            tensors.append(("delta", n, c))
+        key = tuple(tensors)
+        if key not in self._fetch_cost:
+            self._fetch_cost[key] = fetch_wire_bytes(tensors, version=1, tokens=self.sim.tokens)
+        return self._fetch_cost[key]
 
     def _gossip(self) -> MethodResult:
         if self.sim.exchange == "updates":

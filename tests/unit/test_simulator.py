@@ -114,7 +114,7 @@ def test_momentum_variants_count_their_bytes(corpus):
             for mode in ("local", "mixed", "mixed-int4", "rescaled-int4", "alternate", "alternate-int4",
                          "same-version", "noloco")}
     ratio = {mode: b / sent["local"] for mode, b in sent.items()}
-    assert ratio["mixed"] == 2.0 and ratio["noloco"] == 1.0
+    assert 1.95 < ratio["mixed"] < 2.0 and ratio["noloco"] == 1.0  # one manifest and its headers per fetch
     assert 1.49 < ratio["mixed-int4"] < 1.52 and ratio["rescaled-int4"] == ratio["mixed-int4"]
     assert 1.3 < ratio["alternate"] < 1.7 and 1.15 < ratio["alternate-int4"] < 1.35
     assert 1.0 <= ratio["same-version"] <= 2.0

@@ -250,3 +250,17 @@ def test_a_client_past_the_request_limit_is_told_busy_even_without_link_emulatio
     finally:
         sock.close()
     assert fetch(srv.endpoint, timeout=10).version == 1  # and it serves the next client as before
+
+
+@pytest.mark.parametrize("numel", [1000, 842_000, 3_000_000])
+def test_the_bytes_a_fetch_moves_are_what_the_simulator_charges(server, numel):
+    """`exchange.cost.fetch_wire_bytes` (what the simulator counts per fetch) is, byte for byte, what a
+    first fetch sends and receives: HELLO, MANIFEST, prefetched CHUNKs, then GETs and CHUNKs."""
+    from p2p_diloco.exchange.cost import REPRESENTATIVE_META, fetch_wire_bytes
+
+    srv = server(compression="int8")
+    state = {"phi": torch.randn(numel), "m": torch.randn(numel)}
+    srv.publish(state, version=3, tokens=40_000, meta=REPRESENTATIVE_META, codec_of={"m": "int4"})
+    snap = fetch(srv.endpoint, NetworkConfig(), timeout=10)
+    expected = fetch_wire_bytes([("phi", numel, "int8"), ("m", numel, "int4")], version=3, tokens=40_000)
+    assert snap.wire_bytes == expected and 0 < expected - snap.nbytes < 600 + snap.nbytes // 500

@@ -1,0 +1,61 @@
+"""What one whole-state fetch costs on the wire, message by message: the bytes the simulator charges.
+
+The messages are those a `Fetcher` sends and receives over a connection with no remembered link
+figures: the HELLO (asking for the prefetch a fresh window asks for), the MANIFEST (tensor specs,
+meta and one digest per block), the CHUNKs the HELLO prefetched, then GETs and CHUNKs for the rest;
+every frame with its ZMTP frame header (2 bytes up to 255, else 9). Built with the protocol's own
+encoders (`wire.encode`), so the count follows the protocol when it changes. A client that knows
+the link chunks by its measured rate instead, which moves a few dozen header bytes, not payload.
+Not counted, by the simulator or by `Fetcher.wire_bytes`: the connection's handshake (ZMTP greeting
+and, with a secret, CurveZMQ's, once per partner) and TCP/IP headers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from p2p_diloco.config import NetworkConfig
+from p2p_diloco.core.codecs import encoded_nbytes
+from p2p_diloco.exchange import flowcontrol, wire
+
+REPRESENTATIVE_META = {"peer_id": "0" * 20, "model": "0" * 16, "run": "0" * 16}
+"""An island's manifest meta (`peers.publishing.Publisher`): the same keys and value lengths."""
+
+
+def layout(tensors: Sequence[tuple[str, int, str]]) -> tuple[tuple[wire.TensorSpec, ...], int]:
+    """The packing rule of `payload.pack` for `(name, numel, codec)`: specs and payload total."""
+    specs, end = [], 0
+    for name, numel, codec in tensors:
+        offset = wire.align_up(end)
+        specs.append(wire.TensorSpec(name=name, shape=(numel,), codec=codec, offset=offset,
+                                     nbytes=encoded_nbytes(numel, codec)))
+        end = offset + specs[-1].nbytes
+    return tuple(specs), end
+
+
+def fetch_wire_bytes(tensors: Sequence[tuple[str, int, str]], version: int = 1, tokens: int = 1,
+                     meta: Mapping[str, Any] = REPRESENTATIVE_META, config: NetworkConfig | None = None) -> int:
+    """Bytes both ways of one fetch of a snapshot holding `tensors` (`(name, numel, codec)`)."""
+    cfg = config or NetworkConfig()
+    specs, total = layout(tensors)
+    block = wire.choose_block(total)
+    manifest = wire.Manifest(sid=(1 << 63) - 1, version=version, tokens=tokens, meta=dict(meta), tensors=specs,
+                             total=total, block=block, digests=bytes(wire.DIGEST_SIZE * -(-total // block)))
+    ctl = flowcontrol.WindowController(min_chunk=cfg.min_chunk_bytes, max_chunk=cfg.max_chunk_bytes,
+                                       initial_window=cfg.initial_window_bytes, max_window=cfg.max_window_bytes)
+    hello = wire.Hello(rid=1, prefetch=ctl.window_bytes(wire.MIN_CHUNK), chunk=ctl.chunk_bytes(wire.MIN_CHUNK))
+    n = wire.frames_size(wire.encode(hello)) + wire.frames_size(wire.encode(wire.ManifestReply(rid=1, manifest=manifest)))
+    plan = wire.prefetch_plan(total, block, hello.prefetch, hello.chunk)
+    rid, off = 1, plan[-1][0] + plan[-1][1] if plan else 0
+    rest = []
+    while off < total:
+        rest.append((off, min(ctl.chunk_bytes(block), total - off)))
+        off += rest[-1][1]
+    for k, (off, length) in enumerate([*plan, *rest]):
+        if k >= len(plan):  # asked for: a GET out, its CHUNK back
+            rid += 1
+            n += wire.frames_size(wire.encode(wire.GetChunk(rid=rid, sid=manifest.sid, offset=off, length=length)))
+        header = wire.encode(wire.ChunkReply(rid=rid, sid=manifest.sid, offset=off, length=length))[0]
+        n += wire.frames_size([header]) + wire.frame_size(length)
+    return n
