@@ -162,9 +162,7 @@ class Fetcher:
         timeout = timeout or self.config.fetch_timeout_s
         self._drain_monitor(busy=False)
         cfg = self.config
-        ctl = flowcontrol.WindowController(min_chunk=cfg.min_chunk_bytes, max_chunk=cfg.max_chunk_bytes,
-                                           initial_window=cfg.initial_window_bytes, max_window=cfg.max_window_bytes,
-                                           prior=flowcontrol.remembered(self.endpoint))
+        ctl = flowcontrol.WindowController.for_config(cfg, prior=flowcontrol.remembered(self.endpoint))
         first, t0 = self._rid + 1, time.monotonic()
         hello = wire.Hello(rid=self._next_rid(), prefetch=ctl.window_bytes(wire.MIN_CHUNK),
                            chunk=ctl.chunk_bytes(wire.MIN_CHUNK), peer=self.peer)

@@ -37,15 +37,13 @@ def layout(tensors: Sequence[tuple[str, int, str]]) -> tuple[tuple[wire.TensorSp
 def fetch_wire_bytes(tensors: Sequence[tuple[str, int, str]], version: int = 1, tokens: int = 1,
                      meta: Mapping[str, Any] = REPRESENTATIVE_META, config: NetworkConfig | None = None) -> int:
     """Bytes both ways of one fetch of a snapshot holding `tensors` (`(name, numel, codec)`)."""
-    cfg = config or NetworkConfig()
     specs, total = layout(tensors)
     block = wire.choose_block(total)
     manifest = wire.Manifest(sid=(1 << 63) - 1, version=version, tokens=tokens, meta=dict(meta), tensors=specs,
                              total=total, block=block, digests=bytes(wire.DIGEST_SIZE * -(-total // block)))
-    ctl = flowcontrol.WindowController(min_chunk=cfg.min_chunk_bytes, max_chunk=cfg.max_chunk_bytes,
-                                       initial_window=cfg.initial_window_bytes, max_window=cfg.max_window_bytes)
+    ctl = flowcontrol.WindowController.for_config(config or NetworkConfig())
     hello = wire.Hello(rid=1, prefetch=ctl.window_bytes(wire.MIN_CHUNK), chunk=ctl.chunk_bytes(wire.MIN_CHUNK))
-    n = wire.frames_size(wire.encode(hello)) + wire.frames_size(wire.encode(wire.ManifestReply(rid=1, manifest=manifest)))
+    n = sum(wire.frames_size(wire.encode(msg)) for msg in (hello, wire.ManifestReply(rid=1, manifest=manifest)))
     plan = wire.prefetch_plan(total, block, hello.prefetch, hello.chunk)
     rid, off = 1, plan[-1][0] + plan[-1][1] if plan else 0
     rest = []

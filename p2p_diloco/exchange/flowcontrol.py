@@ -69,6 +69,12 @@ class WindowController:
         self._delivered = 0
         self.peak_window = 0
 
+    @classmethod
+    def for_config(cls, cfg, prior: LinkEstimate | None = None) -> WindowController:
+        """A fetch's controller with a `NetworkConfig`'s chunk and window bounds."""
+        return cls(min_chunk=cfg.min_chunk_bytes, max_chunk=cfg.max_chunk_bytes, initial_window=cfg.initial_window_bytes,
+                   max_window=cfg.max_window_bytes, prior=prior)
+
     @property
     def bandwidth(self) -> float:
         """Bytes/s: the highest recent delivery rate (or the remembered one before any sample)."""
