@@ -23,7 +23,7 @@ from p2p_diloco import addresses
 from p2p_diloco.errors import ConfigError
 
 MOMENTUM_MODES = ("mixed", "local", "mixed-int4", "alternate", "alternate-int4", "same-version",
-                  "rescaled", "rescaled-int4", "partner-delta", "noloco")
+                  "rescaled", "rescaled-int4", "rescaled-sign", "partner-delta", "noloco")
 MIX_TIMES = ("arrival", "round-end")
 CODECS = ("fp32", "bf16", "fp16", "int8", "int4")
 """Payload codecs of exchanged state (`p2p_diloco.core.codecs` implements them)."""

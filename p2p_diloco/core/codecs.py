@@ -1,4 +1,4 @@
-"""Payload codecs for exchanged state: fp32 (lossless), bf16, fp16, and int8 or int4 with per-block scales.
+"""Payload codecs for exchanged state: fp32 (lossless), bf16, fp16, and int8, int4 or sign with per-block scales.
 
 One module shared by the simulator (which counts the bytes and applies the same rounding) and the
 wire (which moves the bytes), so a simulated exchange and a real one lose exactly the same
@@ -9,6 +9,8 @@ int8 layout: `[scales: fp32 x n_blocks][codes: int8 x numel]`, one absmax scale 
 `INT8_BLOCK` values (symmetric, code = round(x / scale), scale = absmax / 127). int4 (the outer
 momentum's codec by default): the same scales with absmax / 7, then two codes per byte, each stored
 as code + 8 (1..15), the first value of a pair in the low nibble; an odd count ends in a pad nibble.
+sign (for a momentum whose magnitude is restored after mixing): one bit per value, 1 for x >= 0,
+eight to a byte from the low bit, with the block's mean |x| as its scale; value = (2 bit - 1) scale.
 """
 
 from __future__ import annotations
@@ -21,15 +23,19 @@ from p2p_diloco.config import CODECS
 from p2p_diloco.errors import CodecError
 
 INT8_BLOCK = 256
-BLOCK_CODECS = ("int8", "int4")
+BLOCK_CODECS = ("int8", "int4", "sign")
 """Codecs laid out as `[scales][codes]` with one scale per `INT8_BLOCK` values."""
+PER_BYTE = {"int8": 1, "int4": 2, "sign": 8}
+WIRE_CODECS = (*CODECS, "sign")
+"""What a tensor of a snapshot may travel in: an anchor's codecs (`config.CODECS`), and `sign` for momentum."""
+"""Values per code byte of the block codecs."""
 _CODE_MAX = {"int8": 127.0, "int4": 7.0}
 
 
 def check_codec(codec: str) -> str:
     """Return `codec` if it is known, else raise `CodecError` naming the choices."""
-    if codec not in CODECS:
-        raise CodecError(f"unknown codec {codec!r}; choose one of {', '.join(CODECS)}")
+    if codec not in WIRE_CODECS:
+        raise CodecError(f"unknown codec {codec!r}; choose one of {', '.join(WIRE_CODECS)}")
     return codec
 
 
@@ -40,7 +46,7 @@ def encoded_nbytes(numel: int, codec: str) -> int:
         return 4 * numel
     if codec in ("bf16", "fp16"):
         return 2 * numel
-    return 4 * math.ceil(numel / INT8_BLOCK) + (numel if codec == "int8" else (numel + 1) // 2)
+    return 4 * math.ceil(numel / INT8_BLOCK) + math.ceil(numel / PER_BYTE[codec])
 
 
 def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
@@ -57,11 +63,19 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
         if x.numel() and x.abs().max().item() > torch.finfo(torch.float16).max:
             raise CodecError("value out of fp16 range; use bf16 or int8 for this state")
         return x.to(torch.float16).view(torch.uint8)
-    n, top = x.numel(), _CODE_MAX[codec]
+    n = x.numel()
     n_blocks = math.ceil(n / INT8_BLOCK)
     padded = torch.zeros(n_blocks * INT8_BLOCK, dtype=torch.float32)
     padded[:n] = x
     blocks = padded.view(n_blocks, INT8_BLOCK)  # (n_blocks, INT8_BLOCK)
+    if codec == "sign":
+        counts = torch.full((n_blocks,), float(INT8_BLOCK))
+        if n_blocks:
+            counts[-1] = n - (n_blocks - 1) * INT8_BLOCK  # the last block may be partial
+        bits = (blocks >= 0).to(torch.uint8).view(-1)[: -(-n // 8) * 8].view(-1, 8)
+        packed = (bits << torch.arange(8, dtype=torch.uint8)).sum(dim=1, dtype=torch.uint8)
+        return torch.cat([(blocks.abs().sum(dim=1) / counts).view(torch.uint8), packed])
+    top = _CODE_MAX[codec]
     scales = blocks.abs().amax(dim=1) / top  # (n_blocks,)
     safe = torch.where(scales > 0, scales, torch.ones_like(scales))
     codes = torch.round(blocks / safe[:, None]).clamp_(-top, top)
@@ -71,9 +85,13 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
     return torch.cat([scales.view(torch.uint8), nibbles[0::2] | (nibbles[1::2] << 4)])
 
 
-def _unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """Two codes per byte back to signed values (as fp32), in order."""
-    return torch.stack([packed & 15, packed >> 4], dim=1).view(-1).float() - 8
+def _unpack(packed: torch.Tensor, codec: str) -> torch.Tensor:
+    """The codes of int8, int4 or sign bytes as signed fp32 values (before their scales), in order."""
+    if codec == "int8":
+        return packed.view(torch.int8).float()
+    if codec == "int4":
+        return torch.stack([packed & 15, packed >> 4], dim=1).view(-1).float() - 8
+    return ((packed[:, None] >> torch.arange(8, dtype=torch.uint8)) & 1).view(-1).float() * 2 - 1
 
 
 def decode(buf: torch.Tensor | bytes | bytearray | memoryview, numel: int, codec: str) -> torch.Tensor:
@@ -101,7 +119,7 @@ def decode(buf: torch.Tensor | bytes | bytearray | memoryview, numel: int, codec
     scales = buf[: 4 * n_blocks].view(torch.float32)
     codes = buf[4 * n_blocks :]
     padded = torch.zeros(n_blocks * INT8_BLOCK, dtype=torch.float32)
-    padded[:numel] = codes.view(torch.int8) if codec == "int8" else _unpack_int4(codes)[:numel]
+    padded[:numel] = _unpack(codes, codec)[:numel]
     return (padded.view(n_blocks, INT8_BLOCK) * scales[:, None]).view(-1)[:numel].contiguous()
 
 
@@ -131,9 +149,9 @@ def decode_range_into(out: torch.Tensor, buf: torch.Tensor, codec: str, start: i
     """Decode values `[start, start + n)` of one tensor into `out[start:start + n]`, from a slice.
 
     Lets a receiver decode chunk by chunk, without a second full-size buffer. `out` is the flat fp32
-    destination; `buf` a flat uint8 slice holding the values' fp32/bf16/fp16 bytes, or, for int8 and
-    int4, the values' codes (int4: `start` even, and the last value may be a pad nibble, dropped where
-    `out` ends), with `scales` the tensor's whole fp32 scale vector. Returns the filled view.
+    destination; `buf` a flat uint8 slice holding the values' fp32/bf16/fp16 bytes, or, for the block
+    codecs, the values' codes (`start` a multiple of the values per byte; the last byte's padding is
+    dropped where `out` ends), with `scales` the tensor's whole fp32 scale vector. Returns the filled view.
     Gives bit-for-bit what `decode` gives for the same values. `dst_start` writes them at
     `out[dst_start:]` instead (a destination that holds only a slice of the tensor).
     """
@@ -142,16 +160,12 @@ def decode_range_into(out: torch.Tensor, buf: torch.Tensor, codec: str, start: i
     if codec in BLOCK_CODECS:
         if scales is None:
             raise CodecError(f"{codec} range decoding needs the tensor's scales")
-        if codec == "int8":
-            n = buf.numel()
-            dst = out[at : at + n]
-            dst.copy_(buf.view(torch.int8))  # codes as floats, then scaled block by block in place
-        else:
-            if start % 2:
-                raise CodecError("an int4 slice starts at an even value")
-            n = min(2 * buf.numel(), out.numel() - at)
-            dst = out[at : at + n]
-            dst.copy_(_unpack_int4(buf)[:n])
+        per_byte = PER_BYTE[codec]
+        if start % per_byte:
+            raise CodecError(f"a {codec} slice starts at a multiple of {per_byte} values")
+        n = min(per_byte * buf.numel(), out.numel() - at)
+        dst = out[at : at + n]
+        dst.copy_(buf.view(torch.int8) if codec == "int8" else _unpack(buf, codec)[:n])  # codes, then scaled in place
         i = 0  # position in this slice
         while i < n:
             b, pos = divmod(start + i, INT8_BLOCK)
@@ -193,7 +207,7 @@ def encode_into(dst: torch.Tensor, x: torch.Tensor, codec: str, chunk: int = 1 <
         dst.view(dtype).copy_(x.detach().reshape(-1))
         return
     chunk -= chunk % INT8_BLOCK
-    n_blocks, per_byte = math.ceil(n / INT8_BLOCK), 1 if codec == "int8" else 2
+    n_blocks, per_byte = math.ceil(n / INT8_BLOCK), PER_BYTE[codec]
     scales, codes = dst[: 4 * n_blocks].view(torch.float32), dst[4 * n_blocks :]
     flat = x.detach().reshape(-1)
     for i in range(0, n, chunk):
@@ -237,12 +251,12 @@ class EncodedVector:
         if self.codec in BLOCK_CODECS:
             n_blocks = math.ceil(self.total / INT8_BLOCK)
             scales, codes = self.buf[: 4 * n_blocks].view(torch.float32), self.buf[4 * n_blocks :]
-            if self.codec == "int8":
-                return decode_range_into(out, codes[a:b], "int8", a, scales=scales, dst_start=0)
-            odd = a % 2  # int4 decodes from the pair's first value
-            wide = torch.empty(self.length + 1, dtype=torch.float32) if odd else out
-            decode_range_into(wide, codes[(a - odd) // 2 : (b + 1) // 2], "int4", a - odd, scales=scales, dst_start=0)
-            return wide[odd:]
+            per = PER_BYTE[self.codec]
+            lead = a % per  # a slice decodes from the first value of its byte
+            wide = torch.empty(self.length + lead, dtype=torch.float32) if lead else out
+            decode_range_into(wide, codes[(a - lead) // per : -(-b // per)], self.codec, a - lead, scales=scales,
+                              dst_start=0)
+            return wide[lead:]
         width = 4 if self.codec == "fp32" else 2
         return decode_range_into(out, self.buf[width * a : width * b], self.codec, a, dst_start=0)
 

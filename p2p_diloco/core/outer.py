@@ -16,14 +16,15 @@ import torch
 from p2p_diloco.config import DiLoCoConfig
 from p2p_diloco.core.params import CHUNK
 
-MOMENTUM_CODECS = {"mixed-int4": "int4", "alternate-int4": "int4", "rescaled-int4": "int4"}
+MOMENTUM_CODECS = {"mixed-int4": "int4", "alternate-int4": "int4", "rescaled-int4": "int4", "rescaled-sign": "sign"}
 """Momentum modes that publish the momentum with a coarser codec than the weights'."""
 BUFFER_MODES = ("mixed", "mixed-int4", "alternate", "alternate-int4", "same-version", "rescaled",
-                "rescaled-int4")
+                "rescaled-int4", "rescaled-sign")
 """Momentum modes that blend the partner's momentum buffer into ours, like the anchor (issue 15, item 2):
 `mixed` as published (the weights' codec: twice the bytes), `mixed-int4` in 4 bits, `alternate` published on even versions only (`alternate-int4`: with 4 bits), `same-version`
 fetched and mixed only from a partner at our version, `rescaled` mixed and then scaled to the interpolated
-norm of the two buffers (directions that disagree no longer shrink it; `rescaled-int4`: with 4 bits). Two more modes mix no buffer:
+norm of the two buffers (directions that disagree no longer shrink it; `rescaled-int4`: with 4 bits,
+`rescaled-sign`: signs and a mean magnitude per block). Two more modes mix no buffer:
 `partner-delta` adds `a` times the partner's last pseudo-gradient minus ours (the newest term of the
 buffer), `noloco` carries the mixing shift of the anchor into the momentum as NoLoCo's modified Nesterov
 step does (nothing extra on the wire)."""

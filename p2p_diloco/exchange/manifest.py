@@ -14,7 +14,7 @@ from typing import Any
 
 import msgpack
 
-from p2p_diloco.core.codecs import CODECS, encoded_nbytes
+from p2p_diloco.core.codecs import WIRE_CODECS, encoded_nbytes
 from p2p_diloco.errors import ProtocolError
 
 KiB, MiB = 1024, 1024 * 1024
@@ -157,7 +157,7 @@ def manifest_from_wire(d: Any) -> Manifest:
         if typed_field(t, "dtype", str, tw) != DTYPE:
             raise ProtocolError(f"{tw}: dtype must be {DTYPE!r}")
         codec = typed_field(t, "codec", str, tw)
-        if codec not in CODECS:
+        if codec not in WIRE_CODECS:
             raise ProtocolError(f"{tw}: unknown codec {codec!r}")
         numel = math.prod(shape)
         if numel >= 2**40:

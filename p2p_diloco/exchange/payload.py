@@ -178,8 +178,8 @@ class Assembler:
             seg, rel = seg[k:], rel + k
         if seg.numel():
             assert rel >= n_scale_bytes, "scales precede codes in order"
-            per_byte = 1 if t.codec == "int8" else 2
-            done = codecs.decode_range_into(out, seg, t.codec, (rel - n_scale_bytes) * per_byte, scales=scales)
+            done = codecs.decode_range_into(out, seg, t.codec, (rel - n_scale_bytes) * codecs.PER_BYTE[t.codec],
+                                            scales=scales)
             if not codecs.all_finite(done):
                 raise BadPayload(f"tensor {t.name!r} has NaN or infinite {t.codec} values (bad scales)")
 
@@ -198,7 +198,7 @@ class Assembler:
         return out
 
     def _check_encoded(self, t: TensorSpec, vec: codecs.EncodedVector) -> None:
-        """Finite values without decoding the whole tensor: int8 and int4 codes are bounded, so finite
+        """Finite values without decoding the whole tensor: the block codecs' codes are bounded, so finite
         scales small enough that no code times its scale overflows suffice; 16-bit values are decoded a
         slice at a time (fp32 was checked as it arrived)."""
         if t.codec in codecs.BLOCK_CODECS:
@@ -213,7 +213,7 @@ class Assembler:
 
 
 _MAX_INT8_SCALE = torch.finfo(torch.float32).max / 128
-"""The largest int8 (or int4) scale whose every code (-128..127) decodes to a finite fp32 value."""
+"""The largest scale of a block codec whose every code (-128..127) decodes to a finite fp32 value."""
 _CHECK_SLICE = 1 << 22
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14: fault pages in, writable, without touching their contents
 _PREFAULT_STEP = 8 * 1024 * 1024

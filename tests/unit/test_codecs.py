@@ -64,7 +64,18 @@ def test_int4_is_within_half_a_step_and_about_half_of_int8():
     assert codecs.encoded_nbytes(n, "int4") / codecs.encoded_nbytes(n, "int8") < 0.52
 
 
-@pytest.mark.parametrize("codec", ["int8", "int4", "bf16"])
+def test_sign_keeps_the_sign_and_the_blocks_mean_magnitude():
+    for n in (1, 7, 255, 256, 257, 4099):
+        x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+        buf = codecs.encode(x, "sign")
+        assert buf.numel() == codecs.encoded_nbytes(n, "sign") == 4 * -(-n // 256) + -(-n // 8)
+        y = codecs.decode(buf, n, "sign")
+        assert (torch.sign(y) == torch.where(x >= 0, 1.0, -1.0)).all()
+        mean_abs = [x[i : i + codecs.INT8_BLOCK].abs().mean() for i in range(0, n, codecs.INT8_BLOCK)]
+        assert torch.allclose(y.abs(), torch.stack(mean_abs).repeat_interleave(codecs.INT8_BLOCK)[:n])
+
+
+@pytest.mark.parametrize("codec", ["int8", "int4", "sign", "bf16"])
 def test_slices_of_an_encoded_vector_and_chunked_encoding_match_the_whole(codec):
     """Any slice, odd starts and ends included, decodes bit for bit as the whole does; `encode_into`
     writes, chunk by chunk, what `encode` writes."""

@@ -14,7 +14,7 @@ from p2p_diloco.errors import BadPayload, CodecError, ProtocolError
 from p2p_diloco.exchange import payload, wire
 from p2p_diloco.exchange.manifest import manifest_from_wire, manifest_to_wire
 
-CODECS = ["fp32", "bf16", "fp16", "int8", "int4"]
+CODECS = ["fp32", "bf16", "fp16", "int8", "int4", "sign"]
 
 
 def _state(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -103,14 +103,14 @@ def test_digest_mismatch_is_caught_and_located():
         _assemble(m, buf)
 
 
-@pytest.mark.parametrize("codec, where", [("fp32", 5), ("bf16", 5), ("fp16", 5), ("int8", 0), ("int4", 0)])
+@pytest.mark.parametrize("codec, where", [("fp32", 5), ("bf16", 5), ("fp16", 5), ("int8", 0), ("int4", 0), ("sign", 0)])
 def test_non_finite_values_with_valid_digests_are_rejected(codec, where):
     """A peer that publishes NaN under correct digests (a diverged island) is still refused."""
     m, buf = payload.pack(_state(), codec, version=1, tokens=0)
     spec = m.tensors[0]
-    width = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 4, "int4": 4}[codec]  # int8, int4: corrupt a scale
-    nan = torch.tensor([math.nan]).to({"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
-                                       "int8": torch.float32, "int4": torch.float32}[codec]).view(torch.uint8)
+    width = {"fp32": 4, "bf16": 2, "fp16": 2}.get(codec, 4)  # int8, int4, sign: corrupt a scale
+    nan = torch.tensor([math.nan]).to({"bf16": torch.bfloat16, "fp16": torch.float16}.get(codec, torch.float32))
+    nan = nan.view(torch.uint8)
     start = spec.offset + where * width
     buf[start : start + width] = nan
     forged = wire.Manifest(**{**m.__dict__, "digests": payload.block_digests(memoryview(buf.numpy()), m.block)})
@@ -120,7 +120,7 @@ def test_non_finite_values_with_valid_digests_are_rejected(codec, where):
         _assemble(forged, buf, keep_encoded=True)
 
 
-@pytest.mark.parametrize("codec", ["int8", "int4"])
+@pytest.mark.parametrize("codec", ["int8", "int4", "sign"])
 def test_scales_that_would_overflow_when_decoded_are_refused_kept_encoded(codec):
     m, buf = payload.pack(_state(), codec, version=1, tokens=0)
     spec = m.tensors[0]
@@ -153,9 +153,9 @@ def test_all_finite_and_range_decoding_match_the_codec():
         enc = codecs.encode(x, codec)
         out = torch.empty(5000)
         if codec in codecs.BLOCK_CODECS:
-            nb, per = -(-5000 // codecs.INT8_BLOCK), 1 if codec == "int8" else 2
+            nb, per = -(-5000 // codecs.INT8_BLOCK), codecs.PER_BYTE[codec]
             scales, body = enc[: 4 * nb].view(torch.float32), enc[4 * nb :]
-            cuts = [(0, 300), (300, 301), (301, 4999), (4999, 5000)] if codec == "int8" else [(0, 300), (300, 5000)]
+            cuts = [(0, 300), (300, 301), (301, 4999), (4999, 5000)] if codec == "int8" else [(0, 304), (304, 5000)]
             for a, b in cuts:
                 codecs.decode_range_into(out, body[a // per : -(-b // per)], codec, a, scales=scales)
         else:
