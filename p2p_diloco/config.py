@@ -156,7 +156,7 @@ class DiLoCoConfig:
     momentum: str = "rescaled-int4"
     """How outer momentum travels. `rescaled-int4` (default): published in 4 bits beside the weights,
     mixed with the partner's weight, then rescaled to the interpolated norm of the two buffers (mean of
-    3 seeds: 0.21% lower loss than `local` at 1.5x the bytes; BENCHMARKS.md); `local`: each island
+    3 seeds: 0.25% lower loss than `local` at 1.5x the bytes; BENCHMARKS.md); `local`: each island
     keeps its own; `mixed`: mixed in the weights' codec; others: `core.outer.BUFFER_MODES`."""
     mix_weight: float = 0.5
     """Base weight of a partner's state when both have equal tokens and no staleness."""
