@@ -113,7 +113,8 @@ class PushInbox:
 
         m = pushed.manifest
         snap = Snapshot(tensors=pushed.tensors, version=m.version, tokens=m.tokens, meta=dict(m.meta), nbytes=m.total,
-                        wire_bytes=m.total, seconds=pushed.seconds, endpoint=f"a push from {pushed.address}", stats=None, manifest=m)
+                        wire_bytes=m.total, seconds=pushed.seconds, endpoint=f"a push from {pushed.address}",
+                        stats=None, manifest=m)
         distance = self.island.gossip.measured(snap)
         result = FetchResult(str(m.meta.get("peer_id")), snap, None, pushed.seconds, m.total, distance=distance,
                              pushed=True)
