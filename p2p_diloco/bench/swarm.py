@@ -79,11 +79,12 @@ def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.to
                         "utilization": [utilization(rows[n]) for n in names],
                         "step_seconds": round(step_seconds([r for n in names for r in rows[n]]), 4),
                         "bytes_moved": (moved := sum(s["bytes_in"] for s in summaries)),
-                        "bytes_to_sim": moved / (gossip.bytes_sent_per_island * islands), "swarm_wall_s": round(wall_s, 1),
-                        "workdir": str(run_dir)})
+                        "bytes_to_sim": moved / (gossip.bytes_sent_per_island * islands),
+                        "swarm_wall_s": round(wall_s, 1), "workdir": str(run_dir)})
     swarm_loss = sum(r["swarm_eval_loss"] for r in per_run) / runs
     return {"islands": islands, "tokens": total, "latency_ms": latency_ms, "bandwidth_mbps": bandwidth_mbps,
-            "compression": compression, "local_steps": local_steps, "momentum": momentum, "runs": runs, "step_seconds": round(step_s, 4),
+            "compression": compression, "local_steps": local_steps, "momentum": momentum, "runs": runs,
+            "step_seconds": round(step_s, 4),
             "swarm_eval_loss": swarm_loss, "sim_gossip_eval_loss": gossip.eval_loss, "dp_eval_loss": dp.eval_loss,
             "ratio_to_dp": swarm_loss / dp.eval_loss, "ratio_to_sim_gossip": swarm_loss / gossip.eval_loss,
             "ratio_to_dp_runs": [r["ratio_to_dp"] for r in per_run],
