@@ -129,7 +129,8 @@ def test_killed_island_resumes_from_its_checkpoint_and_catches_up(procs, tmp_pat
     saved = checkpoint.load(checkpoint.latest(a.run_dir / "checkpoints")).meta
     for o in others:  # the swarm moves on while the island is down
         o.wait_rounds(len(o.rounds()) + 4, 90)
-    b = IslandProc(procs, tmp_path, "a", entry, "-H", "8", "--resume", "--max-rounds", str(saved["round"] + 3),
+    # rounds of a fraction of a second: enough of them for a catch-up download, which runs on a thread
+    b = IslandProc(procs, tmp_path, "a", entry, "-H", "8", "--resume", "--max-rounds", str(saved["round"] + 10),
                    run_dir=a.run_dir)
     b.summary(120)  # waits for the resumed island to finish its rounds
     resumed = [r for r in b.rounds() if r["round"] > saved["round"]]
