@@ -73,9 +73,9 @@ def join_from_freshest(island: Any) -> None:
     the run's initial weights (this island's own) wins.
     """
     island.wait_for_members(2, min(DISCOVERY_SETTLE_S, island.cfg.join_timeout_s))  # who is there?
-    if _freshest(island):
+    if others := _freshest(island):
         island.state = "syncing"
-        adopt_most_central(island, download_freshest(island, island.cfg.join_timeout_s))
+        adopt_most_central(island, download_freshest(island, others, island.cfg.join_timeout_s))
 
 
 def _freshest(island: Any) -> list:
@@ -86,12 +86,13 @@ def _freshest(island: Any) -> list:
                   key=lambda r: (r.version, r.tokens), reverse=True)
 
 
-def download_freshest(island: Any, within_s: float) -> list:
-    """Download up to `JOIN_QUORUM` of the freshest members' states, checked against this model and
-    run, within `within_s`. Touches no island state: a catching-up island runs it on a thread."""
+def download_freshest(island: Any, others: list, within_s: float) -> list:
+    """Download up to `JOIN_QUORUM` of the states of `others` (`_freshest`, in order), checked against
+    this model and run, within `within_s`. Touches no island state: a catching-up island runs it on a
+    thread."""
     deadline = time.monotonic() + within_s
     states = []
-    for rec in _freshest(island):
+    for rec in others:
         if len(states) >= JOIN_QUORUM or time.monotonic() >= deadline or island._stop_asked:
             break
         try:
@@ -129,15 +130,11 @@ class CatchUp:
 
     def _run(self, island: Any) -> None:
         try:
-            states = download_freshest(island, CATCH_UP_S)
+            states = download_freshest(island, _freshest(island), CATCH_UP_S)
         except Exception:  # noqa: BLE001 - a failed catch-up leaves the island as it was
             log.exception("catching up failed")
             states = []
         self._states = states
-
-    @property
-    def running(self) -> bool:
-        return self._thread.is_alive()
 
     def take(self) -> list | None:
         """The downloaded states once the thread is done (then once only), else None."""

@@ -26,9 +26,9 @@ INT8_BLOCK = 256
 BLOCK_CODECS = ("int8", "int4", "sign")
 """Codecs laid out as `[scales][codes]` with one scale per `INT8_BLOCK` values."""
 PER_BYTE = {"int8": 1, "int4": 2, "sign": 8}
+"""Values per code byte of the block codecs."""
 WIRE_CODECS = (*CODECS, "sign")
 """What a tensor of a snapshot may travel in: an anchor's codecs (`config.CODECS`), and `sign` for momentum."""
-"""Values per code byte of the block codecs."""
 _CODE_MAX = {"int8": 127.0, "int4": 7.0}
 
 

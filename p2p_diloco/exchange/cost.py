@@ -16,28 +16,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from p2p_diloco.config import NetworkConfig
-from p2p_diloco.core.codecs import encoded_nbytes
 from p2p_diloco.exchange import flowcontrol, wire
+from p2p_diloco.exchange.payload import layout
 
 REPRESENTATIVE_META = {"peer_id": "0" * 20, "model": "0" * 16, "run": "0" * 16}
 """An island's manifest meta (`peers.publishing.Publisher`): the same keys and value lengths."""
 
 
-def layout(tensors: Sequence[tuple[str, int, str]]) -> tuple[tuple[wire.TensorSpec, ...], int]:
-    """The packing rule of `payload.pack` for `(name, numel, codec)`: specs and payload total."""
-    specs, end = [], 0
-    for name, numel, codec in tensors:
-        offset = wire.align_up(end)
-        specs.append(wire.TensorSpec(name=name, shape=(numel,), codec=codec, offset=offset,
-                                     nbytes=encoded_nbytes(numel, codec)))
-        end = offset + specs[-1].nbytes
-    return tuple(specs), end
-
-
 def fetch_wire_bytes(tensors: Sequence[tuple[str, int, str]], version: int = 1, tokens: int = 1,
                      meta: Mapping[str, Any] = REPRESENTATIVE_META, config: NetworkConfig | None = None) -> int:
     """Bytes both ways of one fetch of a snapshot holding `tensors` (`(name, numel, codec)`)."""
-    specs, total = layout(tensors)
+    specs, total = layout([(name, (numel,), codec) for name, numel, codec in tensors])
     block = wire.choose_block(total)
     manifest = wire.Manifest(sid=(1 << 63) - 1, version=version, tokens=tokens, meta=dict(meta), tensors=specs,
                              total=total, block=block, digests=bytes(wire.DIGEST_SIZE * -(-total // block)))

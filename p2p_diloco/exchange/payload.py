@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import mmap
 import secrets
 import threading
@@ -52,7 +53,6 @@ def pack(tensors: Mapping[str, torch.Tensor], codec: str, *, version: int, token
     meta = check_meta(dict(meta or {}))
     if len(tensors) > MAX_TENSORS:
         raise ProtocolError(f"{len(tensors)} tensors, the protocol carries at most {MAX_TENSORS}")
-    specs, end = [], 0
     for name, t in tensors.items():
         if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
             raise ProtocolError(f"tensor name {name!r} must be a str of 1..{MAX_NAME} characters")
@@ -60,10 +60,7 @@ def pack(tensors: Mapping[str, torch.Tensor], codec: str, *, version: int, token
             raise ProtocolError(f"tensor {name!r} must be a float32 torch.Tensor")
         if not codecs.all_finite(t.detach()):
             raise BadPayload(f"refusing to publish tensor {name!r}: it holds NaN or infinite values")
-        offset = align_up(end)
-        specs.append(TensorSpec(name=name, shape=tuple(t.shape), codec=codec_of[name], offset=offset,
-                                nbytes=codecs.encoded_nbytes(t.numel(), codec_of[name])))
-        end = offset + specs[-1].nbytes
+    specs, end = layout([(name, tuple(t.shape), codec_of[name]) for name, t in tensors.items()])
     buf = torch.empty(end, dtype=torch.uint8)
     prev_end = 0
     for spec, t in zip(specs, tensors.values()):
@@ -75,6 +72,18 @@ def pack(tensors: Mapping[str, torch.Tensor], codec: str, *, version: int, token
                         tensors=tuple(specs), total=end, block=block,
                         digests=block_digests(memoryview(buf.numpy()), block))
     return manifest, buf
+
+
+def layout(tensors: list[tuple[str, tuple[int, ...], str]]) -> tuple[tuple[TensorSpec, ...], int]:
+    """The packing rule for `(name, shape, codec)`: each tensor at the previous end rounded up to
+    `ALIGN`; its specs and the payload's total (`exchange.cost` sizes a fetch with it too)."""
+    specs, end = [], 0
+    for name, shape, codec in tensors:
+        offset = align_up(end)
+        specs.append(TensorSpec(name=name, shape=shape, codec=codec, offset=offset,
+                                nbytes=codecs.encoded_nbytes(math.prod(shape), codec)))
+        end = offset + specs[-1].nbytes
+    return tuple(specs), end
 
 
 class Assembler:
