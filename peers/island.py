@@ -53,7 +53,7 @@ from p2p_diloco.peers.plausibility import PlausibilityGate, relative_distance
 from p2p_diloco.peers.publishing import Publisher
 from p2p_diloco.peers.reach import PushInbox, check_reach
 from p2p_diloco.peers.rounds import ANNOUNCE_EVERY_S, Round, RoundsMixin
-from p2p_diloco.peers.state import ModelExtras, join_from_freshest, resume
+from p2p_diloco.peers.state import ModelExtras, join_from_freshest, rejoin_if_behind, resume
 
 log = logging.getLogger(__name__)
 ABANDON_FETCH_S = 1.0
@@ -180,6 +180,7 @@ class SwarmIsland(RoundsMixin):
         try:
             if self.cfg.resume:
                 self.round = resume(self)
+                rejoin_if_behind(self)
             else:
                 join_from_freshest(self)
             self._tell_ranks(SYNC)  # the other ranks start from the state this one joined or resumed with

@@ -17,15 +17,13 @@ from p2p_diloco.errors import TransportError
 from p2p_diloco.peers.gossip import partner_state
 from p2p_diloco.peers.pacing import catch_up_seconds
 from p2p_diloco.peers.plausibility import PlausibilityGate
-from p2p_diloco.peers.state import CatchUp, adopt_most_central
+from p2p_diloco.peers.state import STALE_LAG, CatchUp, adopt_most_central
 
 log = logging.getLogger(__name__)
 ANNOUNCE_EVERY_S = 2.0
 """Mid-round, the island's record is announced again this often (the dashboard's tokens/s and loss)."""
 FRESH_RECORD_S = 3 * ANNOUNCE_EVERY_S
 """Pacing counts only records younger than this: a dead island's record lingers until it expires."""
-STALE_LAG = 3
-"""A refused state this many versions ahead or more means this island is the stale one: it catches up."""
 RETRY_PARTNER_S = 0.5
 """How often a round that found no partner at its start looks again (one may have published since)."""
 
@@ -90,8 +88,8 @@ class RoundsMixin:
     def _keep_fetching(self, rnd: Round) -> None:
         """Start a fetch when none runs and it is time to look for a partner (again)."""
         now = time.monotonic()
-        if rnd.fetching or now < rnd.next_try:
-            return
+        if rnd.fetching or now < rnd.next_try or self.catch_up is not None:
+            return  # (catching up, every partner's state would be refused as too far: wait for it)
         same_version = now < rnd.fresh_until
         rnd.fetching = self._start_fetch(rnd.fresh_until if same_version else None)
         # look again soon, and at once when the wait for a partner at our version ends

@@ -27,6 +27,9 @@ JOIN_QUORUM = 3
 """A joiner compares up to this many of the freshest members' states before adopting one."""
 CATCH_UP_S = 300.0
 """A catch-up's downloads run this long at most (the island trains on meanwhile)."""
+STALE_LAG = 3
+"""A member this many versions ahead or more means this island is the stale one: it catches up
+(its partners' states would be refused as implausibly far from its own)."""
 DISCOVERY_SETTLE_S = 5.0
 """How long a joiner lets discovery show who is there (a second island at least) before it looks
 for the freshest member."""
@@ -62,6 +65,21 @@ def resume(island: Any) -> int:
     island.run_digest = island.publisher.meta["run"] = str(meta.get("run", island.run_digest))
     log.info("resumed from %s at version %d, round %d", path.name, island.version, int(meta["round"]))
     return int(meta["round"])
+
+
+def rejoin_if_behind(island: Any) -> None:
+    """A resumed island whose checkpoint the swarm has left `STALE_LAG` or more versions behind
+    adopts the freshest members' state before its first round, as a joiner does. (Training on
+    from the checkpoint instead, every partner's state is refused as too far away until a catch-up
+    lands: in a test, a whole run of rounds without a partner.) Its inner optimizer and data
+    position stay those of its checkpoint."""
+    island.wait_for_members(2, min(DISCOVERY_SETTLE_S, island.cfg.join_timeout_s))
+    others = _freshest(island)
+    if others and others[0].version >= island.version + STALE_LAG:
+        log.info("the swarm is at version %d, this checkpoint at %d: catching up before the first round",
+                 others[0].version, island.version)
+        island.state = "syncing"
+        adopt_most_central(island, download_freshest(island, others, island.cfg.join_timeout_s))
 
 
 def join_from_freshest(island: Any) -> None:

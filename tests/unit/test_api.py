@@ -214,3 +214,30 @@ def test_an_island_catching_up_trains_on_while_it_downloads_and_then_adopts(tmp_
         assert steps > 10  # it trained on while the state arrived (a step here is far under 0.1 s)
         assert behind.version == record.version
         assert torch.allclose(behind.outer.state.phi, ahead.outer.state.phi, atol=0.05)
+
+
+def DummyLR(optimizer):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+
+def test_a_resumed_island_the_swarm_left_behind_adopts_its_state_before_its_first_round(tmp_path, monkeypatch):
+    """A checkpoint 3 or more versions behind the freshest member: the resumed island joins from the
+    swarm's state as a newcomer does (training on from its checkpoint, every partner's state would
+    be refused as too far), and keeps its own inner optimizer and round count."""
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.SGD(model.head.parameters(), lr=0.1, momentum=0.9)
+    with lone_island(tmp_path / "behind", model, opt, max_rounds=1, max_stretch=0.0) as island:
+        train(island, model, opt, DummyLR(opt), torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    ahead_model = Tiny()
+    ahead_opt = torch.optim.SGD(ahead_model.head.parameters(), lr=0.1)
+    with lone_island(tmp_path / "ahead", ahead_model, ahead_opt, max_rounds=5, max_stretch=0.0) as ahead:
+        train(ahead, ahead_model, ahead_opt, DummyLR(ahead_opt), torch.Generator().manual_seed(2))
+        record = ahead.record()
+        resumed = lone_island(tmp_path / "behind", model, opt, max_rounds=3, resume=True)
+        monkeypatch.setattr(resumed.membership, "members", lambda: {record.peer_id: record})
+        with resumed:
+            assert (resumed.round, resumed.version) == (1, 5)  # its own round count, the swarm's version
+            assert torch.allclose(resumed.outer.state.phi, ahead.outer.state.phi, atol=0.01)  # (int8 on the wire)
+            assert "momentum_buffer" in next(iter(opt.state.values()))  # its inner optimizer came back
