@@ -6,9 +6,9 @@ file (`--config FILE`) > the defaults below. Every field is documented right und
 take their defaults from these fields, so a default is written once, here.
 
 Plain Python on purpose (no torch): the CLI, the dashboard and discovery build configs without
-loading the training core. The lists of names the sections accept (codecs, discovery kinds,
-model presets) are constants here, imported wherever they are needed. The simulator's own section
-lives with it (`p2p_diloco.sim.config`).
+loading the training core. The names the sections accept (codecs, discovery kinds, model presets)
+are constants in `p2p_diloco.choices`. The simulator's own section lives with it
+(`p2p_diloco.sim.config`).
 """
 
 from __future__ import annotations
@@ -20,36 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from p2p_diloco import addresses
+from p2p_diloco.choices import (  # noqa: F401 - importers take these from p2p_diloco.config too
+    CODECS, DEVICE_RE, DEVICES_HELP, DHT_PORT_OFFSET, DISCOVERY_KINDS, EXCHANGES, MIX_TIMES, MODEL_PRESETS,
+    MOMENTUM_MODES, POISONS, PRECISIONS, PX_PORT_OFFSET, REACH_MODES, UPDATE_CODECS
+)
 from p2p_diloco.errors import ConfigError
-
-MOMENTUM_MODES = ("mixed", "local", "mixed-int4", "alternate", "alternate-int4", "same-version",
-                  "rescaled", "rescaled-int4", "rescaled-sign", "partner-delta", "noloco")
-MIX_TIMES = ("arrival", "round-end")
-CODECS = ("fp32", "bf16", "fp16", "int8", "int4")
-"""Payload codecs of exchanged state (`p2p_diloco.core.codecs` implements them)."""
-DISCOVERY_KINDS = ("auto", "dht", "zmq")
-"""Discovery back-ends: `auto` tries the DHT and falls back to ZeroMQ (`p2p_diloco.discovery`)."""
-REACH_MODES = ("auto", "direct", "outbound")
-"""Can others dial an island: auto (ask the bootstrap node), direct (yes), outbound (no: it fetches and pushes)."""
-DHT_PORT_OFFSET, PX_PORT_OFFSET = 1, 2
-"""`join --port P` (P != 0): the DHT listens on P+1 and the ZeroMQ peer exchange on P+2."""
-DEVICES_HELP = "auto|cpu|cuda|cuda:N|mps"
-"""The accepted `--device` forms (`p2p_diloco.core.device.resolve_device` resolves them)."""
-DEVICE_RE = r"^(auto|cpu|mps|cuda(:\d+)?)$"
-"""Syntax of a `--device` value (checked by `TrainConfig`, torch-free)."""
-PRECISIONS = ("fp32", "bf16")
-POISONS = ("nan", "scale", "random", "other-run")
-"""What a hostile test double publishes (`join --poison`, `p2p_diloco.peers.poison`)."""
-"""Precisions of the inner forward and backward pass (`p2p_diloco.core.device.autocast`)."""
-MODEL_PRESETS: dict[str, dict[str, int]] = {
-    # ~0.84M parameters: tests and CPU demos
-    "tiny": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 128},
-    # ~10.8M parameters
-    "small": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256},
-    # GPT-2 small's shape: ~124M parameters at the GPT-2 vocabulary (50257), ~86M with bytes
-    "gpt2-small": {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024},
-}
-"""Named shapes of the project's GPT (`p2p_diloco.core.model`)."""
 
 
 def _require(cond: bool, section: str, field: str, rule: str, value: Any) -> None:
@@ -179,6 +154,12 @@ class DiLoCoConfig:
     mix_pseudo_gradient: bool = False
     """Average the pseudo-gradient with the partner's last one as well (NoLoCo style). Off by default:
     with one round of delay the partner's last one is stale, and mixing it cost 8.7% (BENCHMARKS.md)."""
+    exchange: str = "state"
+    """What an island sends: its whole `state` each round, or `updates` of a public state that follows
+    its anchor, compressed with error feedback (`core.public`; an island then fetches the next member
+    in the ring of peer ids, so it lacks one update per round, and keeps its momentum local)."""
+    update_codec: str = "sign"
+    """Codec of the updates (`UPDATE_CODECS`)."""
     offload_outer: bool = False
     """Keep the anchor and outer momentum in host memory instead of on the accelerator, as OpenDiLoCo
     does, to save accelerator memory (two more fp32 copies of the model); mixing and the outer step
@@ -192,6 +173,8 @@ class DiLoCoConfig:
         _require(0 <= self.outer_momentum < 1, s, "outer_momentum", "in [0, 1)", self.outer_momentum)
         _require(self.momentum in MOMENTUM_MODES, s, "momentum", f"one of {MOMENTUM_MODES}", self.momentum)
         _require(self.mix_at in MIX_TIMES, s, "mix_at", f"one of {MIX_TIMES}", self.mix_at)
+        _require(self.exchange in EXCHANGES and self.update_codec in UPDATE_CODECS, s, "exchange/update_codec",
+                 f"in {EXCHANGES} and {UPDATE_CODECS}", (self.exchange, self.update_codec))
         _require(0 < self.mix_weight <= 1, s, "mix_weight", "in (0, 1]", self.mix_weight)
         _require(self.max_staleness >= 0, s, "max_staleness", ">= 0", self.max_staleness)
         _require(self.max_token_ratio >= 1 and self.max_version_jump >= 0, s, "max_token_ratio/max_version_jump",

@@ -8,6 +8,10 @@ going and is taken in a later round (the staleness weight then counts it less); 
 fails costs only that exchange.
 Nothing partial is ever handed over: the transport returns a whole, checked snapshot or raises.
 
+With `exchange="updates"` the worker asks partners for their public states (`core.public`): the
+updates since the copy it holds, which it applies to that copy, or the public state whole. A partner
+that answers with its whole state (it sends whole states) is mixed as always.
+
 An outbound-only island (`peers.reach`) also pushes its own state over each connection it opens to
 a reachable partner, once the fetched state is handed over; a partner that is outbound-only itself
 is reached through the bootstrap's relay, when there is one, to which every outbound-only island
@@ -24,8 +28,10 @@ from dataclasses import dataclass
 from p2p_diloco.config import NetworkConfig
 from p2p_diloco.core.codecs import EncodedVector
 from p2p_diloco.core.outer import PartnerState
+from p2p_diloco.core.params import weights_digest
+from p2p_diloco.core.public import PublicCopies, PublicCopy
 from p2p_diloco.discovery.records import IslandRecord
-from p2p_diloco.errors import BadPayload, TransportError
+from p2p_diloco.errors import BadPayload, CodecError, TransportError
 
 log = logging.getLogger(__name__)
 VERSION_POLL_S = 0.05
@@ -48,14 +54,19 @@ class FetchResult:
     """The failure was the partner's state itself (digests, sizes, non-finite values), not the link."""
     pushed: bool = False
     """The partner pushed this state to us (`peers.reach.PushInbox`) rather than us fetching it."""
+    public: PublicCopy | None = None
+    """The partner's public state, brought up to date by this fetch (`exchange="updates"`)."""
 
 
 class GossipWorker:
     def __init__(self, network: NetworkConfig, timeout_s: float, measure=None, push_source=None,
-                 relay: str | None = None) -> None:
+                 relay: str | None = None, copies: PublicCopies | None = None, measure_public=None) -> None:
         """`push_source()`: this island's latest (manifest, payload) to push, for an outbound-only
-        island (else None); `relay`: the bootstrap's relay endpoint, if it runs one."""
+        island (else None); `relay`: the bootstrap's relay endpoint, if it runs one; `copies`: the
+        partners' public states held (`exchange="updates"`), and `measure_public(copy)` the
+        plausibility distance of one."""
         self.network, self.timeout_s, self.measure = network, timeout_s, measure
+        self.copies, self.measure_public = copies, measure_public
         self.push_source, self.relay = push_source, relay
         self.pushes = {"sent": 0, "failed": 0, "bytes": 0}
         self._relay_thread: threading.Thread | None = None
@@ -102,11 +113,15 @@ class GossipWorker:
                 while (partner.version < min_version and time.monotonic() < wait_until and not self._closed
                        and fetcher.manifest(self.timeout_s).version < min_version):
                     time.sleep(VERSION_POLL_S)
-                snap = fetcher.fetch(self.timeout_s, decode=False)  # decoded slice by slice as it is mixed
+                public = self.copies is not None and not via_relay
+                snap = fetcher.fetch(self.timeout_s, decode=False,  # decoded slice by slice as it is mixed
+                                     pub=public, held=self.copies.asking(partner.peer_id) if public else None)
+                copy = self._hold_public(partner.peer_id, snap) if public else None
+                distance = self.measured(snap) if copy is None else self._measured_public(copy)
                 with self._lock:  # handed over at once: mixing need not wait for our push
                     self._result = FetchResult(partner.peer_id, snap, None, snap.seconds, snap.wire_bytes,
                                                waited_s=time.monotonic() - started - snap.seconds,
-                                               distance=self.measured(snap))
+                                               distance=distance, public=copy)
                 handed = True
                 if not via_relay:
                     self._push(fetcher)
@@ -159,6 +174,39 @@ class GossipWorker:
             self.pushes["sent"] += 1
             self.pushes["bytes"] += n
 
+    def _hold_public(self, peer: str, snap) -> PublicCopy | None:
+        """Bring the copy of `peer`'s public state up to what `snap` answered (None: it answered with
+        its whole state). Raises `BadPayload` for an answer that does not fit the copy asked from."""
+        meta, tensors = snap.meta, snap.tensors
+        if "pub_chain" not in meta:
+            return None
+        chain, version, start = meta.get("pub_chain"), meta.get("pub_version"), meta.get("pub_from")
+        try:
+            if not isinstance(chain, str) or not isinstance(version, int) or not isinstance(start, (int, type(None))):
+                raise CodecError(f"pub_chain/pub_version/pub_from of types {type(chain).__name__}, "
+                                 f"{type(version).__name__}, {type(start).__name__}")
+            if start is None:
+                if set(tensors) != {"pub"}:
+                    raise CodecError(f"a whole public state is one tensor 'pub', got {sorted(tensors)[:4]}")
+                copy = self.copies.replace(peer, chain, version, tensors["pub"].float())
+            else:
+                if list(tensors) != [f"u{v}" for v in range(start + 1, version + 1)]:
+                    raise CodecError(f"updates {start + 1}..{version} expected, got {list(tensors)[:4]}")
+                copy = self.copies.advance(peer, chain, start, list(tensors.values()))
+            if weights_digest(copy.pub) != meta.get("pub_digest"):
+                raise CodecError("the copy does not match the sender's public state (pub_digest)")
+            return copy
+        except CodecError as e:
+            self.copies.forget(peer)
+            raise BadPayload(f"public state from {snap.endpoint}: {e}") from e
+
+    def _measured_public(self, copy: PublicCopy) -> float | None:
+        try:
+            return None if self.measure_public is None else self.measure_public(copy)
+        except Exception as e:  # another shape: refused with a reason when it is taken
+            log.debug("could not measure a public state: %s", e)
+            return None
+
     def measured(self, snap) -> float | None:
         """`measure(snap)`, or None when there is none or the state does not fit (refused later, with a reason)."""
         if self.measure is None:
@@ -182,19 +230,31 @@ class GossipWorker:
             self._thread.join(timeout)
 
 
-def partner_state(snap, expected_numel: int, model: str = "", run: str = "") -> PartnerState:
+def partner_state(snap, expected_numel: int, model: str = "", run: str = "", public: PublicCopy | None = None,
+                  own_public=None, anchor=None) -> PartnerState:
     """Turn a fetched snapshot into a mixable state, refusing one for a different model or run.
 
     The manifest's `model` fingerprint and `run` digest (of the run's initial weights) must match
     this island's (when both are known) and every tensor must hold `expected_numel` values: a
     partner running another model, or another run of it, is refused here, with a `TransportError`
     that says why, instead of being mixed or failing inside the mixing step.
+
+    With the partner's `public` state (`exchange="updates"`), what is mixed is this island's
+    `anchor` moved by the difference of the two public states (`own_public`, `core.public`), so
+    that mixing with weight a moves it by a (pub_partner - pub_own); the momentum stays local.
     """
     t, meta = snap.tensors, snap.meta
     for key, ours, what in (("model", model, "another model (fingerprint"), ("run", run, "another run (initial weights")):
         theirs = str(meta.get(key, ""))
         if ours and theirs and theirs != ours:
             raise TransportError(f"snapshot from {snap.endpoint} is for {what} {theirs[:16]}, this island's {ours})")
+    if public is not None:
+        if public.pub.numel() != expected_numel or own_public is None:
+            raise TransportError(f"the public state of {snap.endpoint} does not fit this model ({public.pub.numel()} "
+                                 f"values, expected {expected_numel})")
+        phi = anchor + (public.pub - own_public.pub).to(anchor.device)
+        return PartnerState(phi=phi, m=None, delta=None, version=snap.version, tokens=snap.tokens,
+                            peer=str(meta.get("peer_id", "")))
     if "phi" not in t:
         raise TransportError(f"snapshot from {snap.endpoint} holds no anchor 'phi'")
     for name in ("phi", "m", "delta"):

@@ -43,13 +43,14 @@ from p2p_diloco.core.params import fingerprint, weights_digest
 from p2p_diloco.discovery import open_membership
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.peers import checkpoint
-from p2p_diloco.errors import CheckpointError
+from p2p_diloco.core.public import UPDATE_CODECS as WIRE_UPDATE_CODECS, PublicCopies
+from p2p_diloco.errors import CheckpointError, ConfigError
 from p2p_diloco.peers.divergence import DivergenceGuard
 from p2p_diloco.peers.distributed import CARRY_ON, NEW_ROUND, STOP, SYNC, IntraIsland
 from p2p_diloco.peers.gossip import GossipWorker
 from p2p_diloco.peers.metrics import LinkRates, MetricsLog, progress_line
 from p2p_diloco.peers.partners import PartnerChooser
-from p2p_diloco.peers.plausibility import PlausibilityGate, relative_distance
+from p2p_diloco.peers.plausibility import PlausibilityGate, distance, norm, relative_distance
 from p2p_diloco.peers.publishing import Publisher
 from p2p_diloco.peers.reach import PushInbox, check_reach
 from p2p_diloco.peers.rounds import ANNOUNCE_EVERY_S, Round, RoundsMixin
@@ -72,6 +73,9 @@ class SwarmIsland(RoundsMixin):
 
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.diloco, self.network = diloco or DiLoCoConfig(), network or NetworkConfig()
+        if self.diloco.exchange == "updates" and self.diloco.update_codec not in WIRE_UPDATE_CODECS:
+            raise ConfigError(f"update_codec {self.diloco.update_codec!r} is simulated only; an island sends "
+                              f"{' or '.join(WIRE_UPDATE_CODECS)}")
         self.cfg = island or IslandConfig()
         self.eval_fn, self.extra_state, self.group = eval_fn, extra_state, group
         self.world = 1 if group is None else group.world
@@ -110,9 +114,10 @@ class SwarmIsland(RoundsMixin):
         self.gossip = GossipWorker(self.network, timeout_s=self.network.fetch_timeout_s,
                                    measure=lambda snap: relative_distance(self.outer.state.phi, snap.tensors["phi"]),
                                    push_source=self.server.latest if self.reach.mode == "outbound" else None,
-                                   relay=self.reach.relay)
+                                   relay=self.reach.relay, **self._public_exchange())
         self.chooser = PartnerChooser(self.peer_id, self.diloco.max_staleness, model=self.fingerprint,
-                                      relay=self.reach.relay is not None, rng=random.Random(self.peer_id))
+                                      relay=self.reach.relay is not None, rng=random.Random(self.peer_id),
+                                      ring=self.diloco.exchange == "updates")
         self.metrics = MetricsLog(self.cfg.run_dir)
         (self.cfg.run_dir / "island.json").write_text(json.dumps({"peer_id": self.peer_id, "name": self.name,
                                                                   "endpoint": self.server.endpoint}))
@@ -325,6 +330,15 @@ class SwarmIsland(RoundsMixin):
                             last_refused=self.last_refused,
                             started_at=self.started_at, published_at=self.publisher.published_at,
                             timestamp=time.time(), model=self.fingerprint, reach=self.reach.mode)
+
+    def _public_exchange(self) -> dict:
+        """With `exchange="updates"`: the partners' public states this island holds, and how far one is."""
+        if self.diloco.exchange != "updates":
+            return {}
+        initial = self.outer.state.phi.detach().cpu().clone()  # (called before any state is adopted)
+        return {"copies": PublicCopies(initial=initial),  # |pub_partner - pub_own| / |anchor|: how far mixing moves it
+                "measure_public": lambda copy: distance(self.publisher.public.pub, copy.pub)
+                / max(norm(self.outer.state.phi), 1e-12)}
 
     def wait_for_members(self, count: int, timeout: float) -> bool:
         """Wait until discovery shows `count` islands, this one included (at most `timeout` s, or

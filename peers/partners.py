@@ -19,6 +19,11 @@ island. A candidate's weight multiplies:
   dialled, so it is a candidate only through the bootstrap's relay (`relay=True`); without one it
   still reaches this island by pushing its state when it fetches from us (`peers.reach`).
 
+With `ring=True` (islands that exchange public-state updates, `core.public`) the draw gives way to
+a fixed order: the candidate that follows this island in the ring of peer ids, the same one round
+after round while it stays a candidate, so the island lacks one update of it per round instead of
+all those since it last met a random partner. Each island then serves one fetch per round.
+
 The caller may also ask only for members that have reached a version (`min_version`) and that
 were not among its last two partners (`skip_recent=True`, while other live members remain): the
 runner does both early in each round, see `IslandConfig.same_version_wait`. Without the second, the
@@ -69,6 +74,8 @@ class PartnerChooser:
     """This island's model fingerprint: members showing another one are skipped ("" matches all)."""
     relay: bool = False
     """The bootstrap relays states, so outbound-only members can be fetched through it."""
+    ring: bool = False
+    """Choose the next candidate in the ring of peer ids instead of drawing one (see the module docstring)."""
     rng: random.Random = field(default_factory=random.Random)
     clock: callable = time.monotonic
     history: dict[str, _PeerHistory] = field(default_factory=dict)
@@ -126,6 +133,13 @@ class PartnerChooser:
 
     def choose(self, members: dict[str, IslandRecord], own_version: int, min_version: int = 0,
                skip_recent: bool = False) -> IslandRecord | None:
+        if self.ring:  # the successor, whatever version it is at now (the fetch may wait for the one asked)
+            ids = sorted(self.candidates(members, own_version))
+            if not ids:
+                return None
+            pick = next((i for i in ids if i > self.self_id), ids[0])
+            self.recent.append(pick)
+            return members[pick]
         weights = self.candidates(members, own_version, min_version, skip_recent)
         if not weights:
             return None

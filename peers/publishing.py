@@ -8,6 +8,10 @@ What is published: the anchor always, the momentum when the momentum mode mixes 
 partners average pseudo-gradients or the mode adds them to the momentum; the manifest's meta names the island and
 its model fingerprint and its run (the digest of the run's initial weights), so a partner with
 another model, or from another run, refuses the state before mixing it.
+
+With `exchange="updates"` the island also advances its public state by one compressed update per
+publish (`core.public`) and serves it to partners that ask for it (`exchange.public_views`); the
+whole state stays published for joiners, catch-ups and partners that do not ask.
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ import torch
 
 from p2p_diloco.config import DiLoCoConfig
 from p2p_diloco.core.device import pinned_buffer, to_host
+from p2p_diloco.core.params import weights_digest
 from p2p_diloco.core.outer import MOMENTUM_CODECS, publishes_delta, publishes_momentum
+from p2p_diloco.core.public import PublicState
+from p2p_diloco.exchange.public_views import PublicView
 
 
 class Publisher:
@@ -30,6 +37,8 @@ class Publisher:
         self.published_at = 0.0
         """Unix time of the last publish (the phase of the island's rounds, for pacing)."""
         self._staging: dict[str, torch.Tensor] = {}
+        self.public: PublicState | None = None
+        """This island's public state (`exchange="updates"`), from its first publish on."""
 
     def tensors(self) -> dict[str, torch.Tensor]:
         s = self.outer.state
@@ -54,4 +63,23 @@ class Publisher:
         host = {name: self._on_host(name, x) for name, x in self.tensors().items()}
         codec_of = {"m": MOMENTUM_CODECS[self.diloco.momentum]} if self.diloco.momentum in MOMENTUM_CODECS else None
         self.server.publish(host, s.version, s.tokens, meta=self.meta, codec_of=codec_of)
+        if self.diloco.exchange == "updates":
+            self._advance_public(host["phi"])
         self.published_at = time.time()
+
+    def restart_public(self) -> None:
+        """After the anchor jumped (a catch-up adopted another state): the next publish starts a new
+        chain there, instead of sending a jump a low-bit update would take many rounds to carry."""
+        self.public = None
+
+    def _advance_public(self, anchor: torch.Tensor) -> None:
+        """The first publish starts the public state at the anchor; each later one sends an update."""
+        if self.public is None:  # (the run's initial weights name the run: `run` is their digest)
+            self.public = PublicState(anchor, self.diloco.update_codec,
+                                      from_init=self.outer.state.version == 0 and weights_digest(anchor) == self.meta["run"])
+        else:
+            self.public.advance(anchor)
+        p, s = self.public, self.outer.state
+        self.server.publish_public(PublicView(chain=p.chain, version=p.version, pub=p.pub, updates=tuple(p.updates),
+                                              outer_version=s.version, tokens=s.tokens, meta=self.meta,
+                                              digest=weights_digest(p.pub), from_init=p.from_init))

@@ -130,7 +130,8 @@ class RoundsMixin:
             self.chooser.succeeded(result.peer_id, result.nbytes, result.seconds)
         self.bytes_in += result.nbytes
         try:
-            state = partner_state(result.snapshot, self.outer.state.phi.numel(), self.fingerprint, self.run_digest)
+            state = partner_state(result.snapshot, self.outer.state.phi.numel(), self.fingerprint, self.run_digest,
+                                  public=result.public, own_public=self.publisher.public, anchor=self.outer.state.phi)
         except TransportError as e:  # another model or run: it never changes, so never again
             self.chooser.exclude(result.peer_id)
             return self._refuse(result.peer_id, str(e), info)
@@ -163,6 +164,7 @@ class RoundsMixin:
         self.catch_up = None
         if states:
             adopt_most_central(self, states)
+            self.publisher.restart_public()
             self.gate = PlausibilityGate()
             self.weights_changed = True
 

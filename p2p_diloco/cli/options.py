@@ -23,8 +23,8 @@ from typing import Any, Callable, Iterator
 import click
 
 from p2p_diloco.config import (
-    CODECS, DEVICE_RE, DEVICES_HELP, DISCOVERY_KINDS, MIX_TIMES, MODEL_PRESETS, MOMENTUM_MODES, PRECISIONS,
-    DiLoCoConfig, DiscoveryConfig, ModelConfig, NetworkConfig, TrainConfig
+    CODECS, DEVICE_RE, DEVICES_HELP, DISCOVERY_KINDS, EXCHANGES, MIX_TIMES, MODEL_PRESETS, MOMENTUM_MODES, PRECISIONS,
+    UPDATE_CODECS, DiLoCoConfig, DiscoveryConfig, ModelConfig, NetworkConfig, TrainConfig
 )
 from p2p_diloco.errors import ConfigError, DeviceError, P2PDiLoCoError
 
@@ -108,6 +108,11 @@ def diloco_options(f: Callable) -> Callable:
                      help="Average the pseudo-gradient with the partner's as well.")(f)
     f = click.option("--max-staleness", type=int, default=D.max_staleness, show_default=True,
                      help="Skip partners more than this many versions behind.")(f)
+    f = click.option("--exchange", type=click.Choice(EXCHANGES), default=D.exchange, show_default=True,
+                     help="Send the whole state each round, or compressed updates of a public state (error "
+                          "feedback; the ring of peer ids picks partners; momentum stays local).")(f)
+    f = click.option("--update-codec", type=click.Choice(UPDATE_CODECS), default=D.update_codec, show_default=True,
+                     help="Codec of the updates with --exchange updates (topk: simulated only).")(f)
     return f
 
 
@@ -209,7 +214,8 @@ def build_configs(kw: dict) -> tuple[ModelConfig, TrainConfig, DiLoCoConfig]:
                           outer_momentum=kw.pop("outer_momentum"), momentum=kw.pop("momentum"),
                           mix_at=kw.pop("mix_at"), mix_weight=kw.pop("mix_weight"),
                           mix_pseudo_gradient=kw.pop("mix_pseudo_gradient"), max_staleness=kw.pop("max_staleness"),
-                          offload_outer=kw.pop("offload_outer", D.offload_outer))
+                          offload_outer=kw.pop("offload_outer", D.offload_outer), exchange=kw.pop("exchange"),
+                          update_codec=kw.pop("update_codec"))
     return model, train, diloco
 
 

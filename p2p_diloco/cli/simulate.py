@@ -9,7 +9,7 @@ import click
 from p2p_diloco.cli.options import (
     build_configs, codec_option, csv, device_options, diloco_options, model_options, user_errors
 )
-from p2p_diloco.sim.config import EXCHANGES, PARTNER_SCHEDULES, SIM_METHODS, UPDATE_CODECS, UPDATE_MIXINGS, SimConfig
+from p2p_diloco.sim.config import PARTNER_SCHEDULES, SIM_METHODS, UPDATE_MIXINGS, SimConfig
 
 S = SimConfig
 
@@ -30,10 +30,6 @@ S = SimConfig
 @codec_option(S.compression)
 @click.option("--partners", type=click.Choice(PARTNER_SCHEDULES), default=S.partners, show_default=True,
               help="Whom a gossip island fetches: a shift drawn per round, the next island, or 1, 2, 4, ... apart.")
-@click.option("--exchange", type=click.Choice(EXCHANGES), default=S.exchange, show_default=True,
-              help="What gossip islands send: the whole state, or compressed updates of a public state.")
-@click.option("--update-codec", type=click.Choice(UPDATE_CODECS), default=S.update_codec, show_default=True,
-              help="Codec of the updates (--exchange updates).")
 @click.option("--update-k", type=int, default=S.update_k, show_default=True, help="Values kept of each 4096 by topk.")
 @click.option("--update-keep", type=int, default=S.update_keep, show_default=True,
               help="Updates a sender keeps for receivers behind.")
@@ -67,6 +63,6 @@ def simulate(**kw) -> None:
                         time_budget=kw["time_budget"], speeds=kw["speeds"], drop_prob=kw["drop_prob"],
                         latency_ms=kw["latency_ms"], bandwidth_mbps=kw["bandwidth_mbps"], compression=kw["compression"],
                         mix_delay=kw["mix_delay"], step_seconds=kw["step_seconds"], seed=kw["seed"],
-                        partners=kw["partners"], exchange=kw["exchange"], update_codec=kw["update_codec"], update_k=kw["update_k"],
+                        partners=kw["partners"], update_k=kw["update_k"],
                         update_keep=kw["update_keep"], update_mixing=kw["update_mixing"])
         run_simulation(sim, model, train, diloco, data, as_json, jobs, vocab_size=vocab_size)

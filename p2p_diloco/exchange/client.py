@@ -153,11 +153,13 @@ class Fetcher:
         flowcontrol.remember(self.endpoint, _with_rtt(flowcontrol.remembered(self.endpoint), time.monotonic() - t0))
         return m
 
-    def fetch(self, timeout: float | None = None, decode: bool = True) -> Snapshot:
+    def fetch(self, timeout: float | None = None, decode: bool = True, pub: bool = False,
+              held: tuple[str, int] | None = None) -> Snapshot:
         """Download the peer's latest snapshot whole; `timeout` is the longest wait for progress.
 
         With `decode=False` the tensors stay in their encoded bytes (`codecs.EncodedVector`, a
         quarter of the fp32 memory for int8), checked the same way, decoded later a slice at a time.
+        With `pub` (1.1): its public state, or the updates since `held`, the (chain, version) held.
         """
         timeout = timeout or self.config.fetch_timeout_s
         self._drain_monitor(busy=False)
@@ -165,7 +167,8 @@ class Fetcher:
         ctl = flowcontrol.WindowController.for_config(cfg, prior=flowcontrol.remembered(self.endpoint))
         first, t0 = self._rid + 1, time.monotonic()
         hello = wire.Hello(rid=self._next_rid(), prefetch=ctl.window_bytes(wire.MIN_CHUNK),
-                           chunk=ctl.chunk_bytes(wire.MIN_CHUNK), peer=self.peer)
+                           chunk=ctl.chunk_bytes(wire.MIN_CHUNK), peer=self.peer, pub=pub,
+                           chain=held[0] if held else None, since=held[1] if held else None)
         self._send(hello)
         m = self._await_manifest(first, timeout, t0)
         ctl.on_rtt(time.monotonic() - t0)
@@ -380,9 +383,7 @@ class Fetcher:
 
 
 def _with_rtt(prior: flowcontrol.LinkEstimate | None, rtt: float) -> flowcontrol.LinkEstimate | None:
-    if prior is None:
-        return None
-    return flowcontrol.LinkEstimate(rtt_s=min(prior.rtt_s, rtt), bytes_per_s=prior.bytes_per_s)
+    return None if prior is None else flowcontrol.LinkEstimate(rtt_s=min(prior.rtt_s, rtt), bytes_per_s=prior.bytes_per_s)
 
 
 def fetch(endpoint: str, config: NetworkConfig | None = None, timeout: float | None = None,

@@ -17,6 +17,7 @@ import mmap
 import secrets
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,6 +28,19 @@ from p2p_diloco.errors import BadPayload, ProtocolError
 from p2p_diloco.exchange.wire import (
     DIGEST_SIZE, MAX_NAME, MAX_TENSORS, Manifest, TensorSpec, align_up, check_meta, choose_block
 )
+
+
+@dataclass(frozen=True)
+class Published:
+    """A packed snapshot as a server serves it: its manifest, and its bytes to slice chunks from."""
+
+    manifest: Manifest
+    view: memoryview  # zero-copy view of the payload buffer, sliced per chunk
+    buf: torch.Tensor  # keeps the memory alive
+
+    @classmethod
+    def of(cls, manifest: Manifest, buf: torch.Tensor) -> Published:
+        return cls(manifest=manifest, view=memoryview(buf.numpy()), buf=buf)
 
 
 def block_digests(buf: memoryview, block: int) -> bytes:
@@ -42,12 +56,15 @@ def pack(tensors: Mapping[str, torch.Tensor], codec: str, *, version: int, token
          meta: Mapping[str, Any] | None = None,
          codec_of: Mapping[str, str] | None = None) -> tuple[Manifest, torch.Tensor]:
     """Encode `tensors` with `codec` (or `codec_of[name]`, the codec of one tensor: an island's
-    momentum travels in int4) into one new uint8 buffer and describe it in a manifest.
+    momentum travels in int4) into one new uint8 buffer and describe it in a manifest. A tensor
+    given as a whole `codecs.EncodedVector` (an update of a public state) is copied as it is encoded.
 
     The buffer is a copy: the caller may keep changing its tensors. Raises `BadPayload` for
     non-finite values and `ProtocolError` for names, types or metadata the protocol cannot carry.
     """
-    codec_of = {name: codecs.check_codec((codec_of or {}).get(name, codec)) for name in tensors}
+    encoded = {name for name, t in tensors.items() if isinstance(t, codecs.EncodedVector)}
+    codec_of = {name: codecs.check_codec(tensors[name].codec if name in encoded else (codec_of or {}).get(name, codec))
+                for name in tensors}
     if not isinstance(version, int) or not isinstance(tokens, int) or version < 0 or tokens < 0:
         raise ProtocolError(f"version and tokens must be non-negative ints, got {version!r}, {tokens!r}")
     meta = check_meta(dict(meta or {}))
@@ -56,16 +73,25 @@ def pack(tensors: Mapping[str, torch.Tensor], codec: str, *, version: int, token
     for name, t in tensors.items():
         if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
             raise ProtocolError(f"tensor name {name!r} must be a str of 1..{MAX_NAME} characters")
+        if name in encoded:
+            if t.start or t.length != t.total:
+                raise ProtocolError(f"tensor {name!r} is a slice of an encoded vector, not a whole one")
+            continue
         if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
             raise ProtocolError(f"tensor {name!r} must be a float32 torch.Tensor")
         if not codecs.all_finite(t.detach()):
             raise BadPayload(f"refusing to publish tensor {name!r}: it holds NaN or infinite values")
-    specs, end = layout([(name, tuple(t.shape), codec_of[name]) for name, t in tensors.items()])
+    specs, end = layout([(name, (t.total,) if name in encoded else tuple(t.shape), codec_of[name])
+                         for name, t in tensors.items()])
     buf = torch.empty(end, dtype=torch.uint8)
     prev_end = 0
     for spec, t in zip(specs, tensors.values()):
         buf[prev_end : spec.offset].zero_()  # alignment padding, covered by the digests
-        codecs.encode_into(buf[spec.offset : spec.offset + spec.nbytes], t.detach().reshape(-1), spec.codec)
+        dst = buf[spec.offset : spec.offset + spec.nbytes]
+        if spec.name in encoded:
+            dst.copy_(t.buf)
+        else:
+            codecs.encode_into(dst, t.detach().reshape(-1), spec.codec)
         prev_end = spec.offset + spec.nbytes
     block = choose_block(end)
     manifest = Manifest(sid=secrets.randbits(63) or 1, version=version, tokens=tokens, meta=meta,

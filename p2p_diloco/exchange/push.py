@@ -95,6 +95,24 @@ class NoPushes:
         pass
 
 
+class RelayPolicy:
+    """A relay takes any member's push (the swarm secret, when set, already admitted the connection)
+    that names its peer id, and hands each stored one to `store(peer_id, pushed)` (it keeps the latest)."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+
+    def admit(self, manifest: wire.Manifest) -> tuple[str, str] | None:
+        peer = manifest.meta.get("peer_id")
+        return None if isinstance(peer, str) and peer else ("refused", "a relayed state must name its peer_id in meta")
+
+    def stored(self, pushed: Pushed) -> None:
+        self.store(pushed.manifest.meta["peer_id"], pushed)
+
+    def dropped(self, manifest: wire.Manifest) -> None:
+        pass
+
+
 class PushReceiver:
     """Admission, grants and assembly of the pushes arriving at one server (see the module docstring)."""
 

@@ -10,7 +10,8 @@ the server carries on. Payload chunks are zero-copy slices of the snapshot buffe
 The fetching side (DEALER) lives in `client.py`. Protocol 1.1 adds pushes (`push.py`): an island
 that nobody can dial delivers its snapshot over the connection it opened to fetch; the server takes
 it when its `pushes` policy admits it (`push.PushPolicy`). A relay (`relay=True`, on the bootstrap node) takes any
-member's push and serves the latest of each to fetchers that name the peer in their HELLO.
+member's push and serves the latest of each to fetchers that name the peer in their HELLO. A HELLO
+with `pub` gets the island's public state instead, or its updates (`public_views.PublicViews`).
 
 Swarm secret: the server demands CURVE with keys derived from the secret, and a ZAP handler admits
 only the derived client key (see `sockets.py`): a peer without the secret can neither read state
@@ -25,7 +26,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,8 +36,10 @@ from zmq.utils.monitor import recv_monitor_message
 from p2p_diloco.config import NetworkConfig
 from p2p_diloco.errors import ProtocolError, ProtocolMismatch, TransportError
 from p2p_diloco.exchange import payload, wire
+from p2p_diloco.exchange.payload import Published
+from p2p_diloco.exchange.public_views import PublicView, PublicViews
 from p2p_diloco.exchange.linkemu import Pacer, link_rate
-from p2p_diloco.exchange.push import NoPushes, Pushed, PushPolicy, PushReceiver, PushRefused
+from p2p_diloco.exchange.push import NoPushes, Pushed, PushPolicy, PushReceiver, PushRefused, RelayPolicy
 from p2p_diloco.exchange.sockets import (
     HANDSHAKE_FAILED, ZAP_DOMAIN, AllowClientKey, RateLimitedLog, swarm_keys, tcp_bind_address
 )
@@ -53,13 +55,6 @@ RELAY_MAX_PEERS = 64
 """A relay keeps the latest pushed state of at most this many peers (the least recently pushed goes)."""
 
 
-@dataclass(frozen=True)
-class _Published:
-    manifest: wire.Manifest
-    view: memoryview  # zero-copy view of the payload buffer, sliced per chunk
-    buf: torch.Tensor  # keeps the memory alive
-
-
 class SnapshotServer:
     """Serves this island's latest snapshot to any number of fetchers, from a background thread."""
 
@@ -67,16 +62,17 @@ class SnapshotServer:
                  announce_host: str | None = None, pushes: PushPolicy | None = None, relay: bool = False) -> None:
         self.config = config or NetworkConfig()
         self.relay = relay
-        self._relayed: dict[str, _Published] = {}  # peer id -> its latest pushed snapshot (a relay)
-        policy = _RelayPolicy(self) if relay else pushes or NoPushes()
+        self._relayed: dict[str, Published] = {}  # peer id -> its latest pushed snapshot (a relay)
+        policy = RelayPolicy(self._relay_store) if relay else pushes or NoPushes()
         self._push = PushReceiver(policy, require_hello=not relay, max_state_bytes=self.config.max_state_bytes)
         self._ctx = zmq.Context(io_threads=1)
         self._auth: zmq.auth.thread.ThreadAuthenticator | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._reject = RateLimitedLog(log)
-        self._snapshots: dict[int, _Published] = {}  # sid -> snapshot, oldest first
-        self._latest: _Published | None = None
+        self._snapshots: dict[int, Published] = {}  # sid -> snapshot, oldest first
+        self._latest: Published | None = None
+        self._public = PublicViews()
         self._pacer = Pacer(self.config.latency_ms, link_rate(self.config.bandwidth_mbps, self.config.max_upload_mbps))
         self._stats = {"requests": 0, "manifests_served": 0, "chunks_served": 0, "bytes_sent": 0,
                        "payload_bytes_sent": 0, "auth_refused": 0, "rejected": {}}
@@ -127,7 +123,7 @@ class SnapshotServer:
                 self._snapshots = snaps
         manifest, buf = payload.pack(tensors, self.config.compression, version=version, tokens=tokens, meta=meta,
                                      codec_of=codec_of)
-        snap = _Published(manifest=manifest, view=memoryview(buf.numpy()), buf=buf)
+        snap = Published.of(manifest, buf)
         with self._lock:
             snaps = dict(self._snapshots)
             snaps[manifest.sid] = snap
@@ -136,6 +132,10 @@ class SnapshotServer:
             self._snapshots, self._latest = snaps, snap
         log.debug("published version %d (%d bytes, %d blocks)", version, manifest.total, manifest.n_blocks)
         return manifest
+
+    def publish_public(self, view: PublicView) -> None:
+        """Serve `view` to clients that ask for the public state (`hello.pub`) from now on."""
+        self._public.publish(view)
 
     def stats(self) -> dict[str, Any]:
         """Counters for the dashboard: requests, bytes sent, rejections by reason, upload rate."""
@@ -339,14 +339,17 @@ class SnapshotServer:
         """A relay keeps each peer's latest pushed state, as it arrived, to serve it on."""
         relayed = dict(self._relayed)
         relayed.pop(peer, None)
-        relayed[peer] = _Published(manifest=pushed.manifest, view=memoryview(pushed.raw.numpy()), buf=pushed.raw)
+        relayed[peer] = Published.of(pushed.manifest, pushed.raw)
         while len(relayed) > RELAY_MAX_PEERS:
             relayed.pop(next(iter(relayed)))
         self._relayed = relayed
 
     def _hello(self, ident: bytes, req: wire.Hello, peer: str) -> None:
         self._push.saw_hello(ident, time.monotonic())
-        snap = self._latest if req.peer is None else self._relayed.get(req.peer)
+        if req.pub and req.peer is None:
+            snap = self._public.answer(req) or self._latest  # (an island that sends whole states only: its state)
+        else:
+            snap = self._latest if req.peer is None else self._relayed.get(req.peer)
         if snap is None:
             what = "nothing published yet" if req.peer is None else f"no state of peer {req.peer[:20]} relayed here"
             self._error(ident, req.rid, "no_snapshot", what, peer)
@@ -359,8 +362,8 @@ class SnapshotServer:
             self._chunk(ident, snap, req.rid, off, length)
 
     def _get(self, ident: bytes, req: wire.GetChunk, peer: str) -> None:
-        snap = self._snapshots.get(req.sid) or next((r for r in self._relayed.values() if r.manifest.sid == req.sid),
-                                                    None)
+        snap = self._snapshots.get(req.sid) or self._public.by_sid(req.sid) or next(
+            (r for r in self._relayed.values() if r.manifest.sid == req.sid), None)
         if snap is None:
             latest = self._latest
             self._error(ident, req.rid, "gone", f"snapshot {req.sid} is no longer served"
@@ -373,27 +376,10 @@ class SnapshotServer:
             return
         self._chunk(ident, snap, req.rid, req.offset, req.length)
 
-    def _chunk(self, ident: bytes, snap: _Published, rid: int, off: int, length: int) -> None:
+    def _chunk(self, ident: bytes, snap: Published, rid: int, off: int, length: int) -> None:
         with self._lock:
             self._stats["chunks_served"] += 1
             self._stats["payload_bytes_sent"] += length
         self._reply(ident, wire.ChunkReply(rid=rid, sid=snap.manifest.sid, offset=off, length=length,
                                            payload=snap.view[off : off + length]))
 
-
-class _RelayPolicy:
-    """A relay takes any member's push (the swarm secret, when set, already admitted the connection)
-    that names its peer id, and keeps the latest of each."""
-
-    def __init__(self, server: SnapshotServer) -> None:
-        self.server = server
-
-    def admit(self, manifest: wire.Manifest) -> tuple[str, str] | None:
-        peer = manifest.meta.get("peer_id")
-        return None if isinstance(peer, str) and peer else ("refused", "a relayed state must name its peer_id in meta")
-
-    def stored(self, pushed: Pushed) -> None:
-        self.server._relay_store(pushed.manifest.meta["peer_id"], pushed)
-
-    def dropped(self, manifest: wire.Manifest) -> None:
-        pass

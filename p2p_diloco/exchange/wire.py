@@ -38,6 +38,9 @@ class Hello:
     prefetch: int = 0  # payload bytes the server should start sending right after the manifest
     chunk: int = 0  # chunk length for the prefetch (a multiple of the block, >= MIN_CHUNK)
     peer: str | None = None  # 1.1, relays only: whose relayed state (a peer id); None: the server's own
+    pub: bool = False  # 1.1: the public state's updates instead of the state (`core.public`)
+    chain: str | None = None  # 1.1, with `pub`: the chain of the public state the client holds ...
+    since: int | None = None  # ... and its version there: send the updates since then
 
 
 @dataclass(frozen=True)
@@ -144,8 +147,12 @@ def _header(t: str, **fields: Any) -> bytes:
 def encode(msg: Request | Reply) -> list[Any]:
     """Frames for one message: `[header]` or `[header, payload]` (payload left as given, zero-copy)."""
     if isinstance(msg, Hello):
-        peer = {} if msg.peer is None else {"peer": msg.peer}
-        return [_header("hello", rid=msg.rid, prefetch=msg.prefetch, chunk=msg.chunk, **peer)]
+        extra = {} if msg.peer is None else {"peer": msg.peer}
+        if msg.pub:
+            extra["pub"] = True
+            if msg.chain is not None:
+                extra.update(chain=msg.chain, since=msg.since)
+        return [_header("hello", rid=msg.rid, prefetch=msg.prefetch, chunk=msg.chunk, **extra)]
     if isinstance(msg, GetChunk):
         return [_header("get", rid=msg.rid, sid=msg.sid, off=msg.offset, len=msg.length)]
     if isinstance(msg, PushOffer):
@@ -235,7 +242,13 @@ def _request(t: str, rid: int, d: dict[str, Any], frames: Sequence[Any]) -> Requ
         peer = d.get("peer")
         if peer is not None and not (isinstance(peer, str) and 0 < len(peer) <= MAX_META_KEY):
             raise ProtocolError(f"hello: peer must be a str of 1..{MAX_META_KEY} characters or absent")
-        return Hello(rid=rid, prefetch=prefetch, chunk=chunk, peer=peer)
+        pub, chain = d.get("pub", False), d.get("chain")
+        if not isinstance(pub, bool):
+            raise ProtocolError("hello: pub must be a bool or absent")
+        if chain is not None and not (pub and isinstance(chain, str) and 0 < len(chain) <= MAX_META_KEY):
+            raise ProtocolError(f"hello: chain must be a str of 1..{MAX_META_KEY} characters, with pub, or absent")
+        since = None if chain is None else int_field(d, "since", "hello", 0, MAX_INT)
+        return Hello(rid=rid, prefetch=prefetch, chunk=chunk, peer=peer, pub=pub, chain=chain, since=since)
     if t == "get":
         return GetChunk(rid=rid, sid=int_field(d, "sid", "get", 1), offset=int_field(d, "off", "get", 0, 2**50),
                         length=int_field(d, "len", "get", 1, MAX_CHUNK))

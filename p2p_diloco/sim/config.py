@@ -13,12 +13,9 @@ from p2p_diloco.config import CODECS, _require
 
 SIM_METHODS = ("gossip", "allreduce", "dp")
 """What the simulator compares: gossip DiLoCo, synchronous DiLoCo, data parallel."""
-EXCHANGES = ("state", "updates")
-"""What gossip islands send: their whole state (in `compression`), or compressed updates of a public state."""
 PARTNER_SCHEDULES = ("permutation", "ring", "exponential")
 """Whom a gossip island fetches each round: a shift drawn per round (every island serves one fetch),
 always the next island, or 1, 2, 4, ... apart in turn."""
-UPDATE_CODECS = ("topk", "q4")
 UPDATE_MIXINGS = ("choco", "pub")
 
 
@@ -46,11 +43,6 @@ class SimConfig:
     """Codec applied to every exchanged state and counted in the bytes."""
     partners: str = "permutation"
     """One of `PARTNER_SCHEDULES`."""
-    exchange: str = "state"
-    """`updates`: each island publishes compressed updates of a public state, with error feedback, and a
-    receiver fetches the updates it lacks (`p2p_diloco.sim.public`); `state`: the whole state."""
-    update_codec: str = "topk"
-    """With `exchange="updates"`: `topk` (k values of each 4096, 4-bit) or `q4` (every value, 4-bit)."""
     update_k: int = 64
     """Values kept per 4096 by `topk`."""
     update_keep: int = 64
@@ -83,12 +75,8 @@ class SimConfig:
                  (self.latency_ms, self.bandwidth_mbps))
         _require(self.compression in CODECS, s, "compression", f"one of {CODECS}", self.compression)
         _require(self.mix_delay in (0, 1), s, "mix_delay", "0 or 1", self.mix_delay)
-        _require(self.exchange in EXCHANGES and (self.exchange == "state" or self.mix_delay == 1), s, "exchange",
-                 f"one of {EXCHANGES} (updates with mix_delay 1)", self.exchange)
         _require(self.partners in PARTNER_SCHEDULES, s, "partners", f"one of {PARTNER_SCHEDULES}", self.partners)
-        _require(self.update_codec in UPDATE_CODECS and self.update_mixing in UPDATE_MIXINGS, s,
-                 "update_codec/update_mixing", f"in {UPDATE_CODECS} and {UPDATE_MIXINGS}",
-                 (self.update_codec, self.update_mixing))
+        _require(self.update_mixing in UPDATE_MIXINGS, s, "update_mixing", f"in {UPDATE_MIXINGS}", self.update_mixing)
         _require(1 <= self.update_k <= 4096 and self.update_keep >= 0, s, "update_k/update_keep",
                  "in [1, 4096] and >= 0", (self.update_k, self.update_keep))
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from p2p_diloco.core import compress
+from p2p_diloco.core import codecs, compress
 from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.sim.gossip import GossipRun
 
@@ -56,9 +56,15 @@ class PublicStates:
         """Island `i` publishes the compressed difference of its anchor from its public state; returns
         the update's bytes."""
         s = self.senders[i]
-        update = compress.encode(anchor - s.public, self.kind, self.k)
-        compress.decode_add(s.public, update)
-        s.sizes.append(update.nbytes + MESSAGE_OVERHEAD)
+        if self.kind in codecs.BLOCK_CODECS:  # the wire's own codecs (what the swarm sends)
+            diff = anchor.float() - s.public
+            s.public += codecs.roundtrip(diff, self.kind)
+            nbytes = codecs.encoded_nbytes(diff.numel(), self.kind)
+        else:
+            update = compress.encode(anchor - s.public, self.kind, self.k)
+            compress.decode_add(s.public, update)
+            nbytes = update.nbytes
+        s.sizes.append(nbytes + MESSAGE_OVERHEAD)
         s.snapshot = s.public.clone()
         return s.sizes[-1]
 
@@ -80,13 +86,13 @@ class PublicStates:
 
 
 class UpdatesGossipRun(GossipRun):
-    """The `gossip` method with `SimConfig(exchange="updates")`: islands publish compressed updates
+    """The `gossip` method with `DiLoCoConfig(exchange="updates")`: islands publish compressed updates
     of public states, and a fetch costs the updates the receiver lacks."""
 
     def __init__(self, simulation) -> None:
         super().__init__(simulation)
         sim = self.sim
-        self.public = PublicStates([isl.state.phi for isl in self.islands], sim.update_codec, sim.update_k,
+        self.public = PublicStates([isl.state.phi for isl in self.islands], self.dl.update_codec, sim.update_k,
                                    sim.update_keep, sim.update_mixing)
         self.fetched: list[torch.Tensor | None] = [None] * sim.islands  # the public state each fetched this round
 

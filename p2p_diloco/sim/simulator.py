@@ -31,6 +31,7 @@ from p2p_diloco.core.device import resolve_device
 from p2p_diloco.core.inner import InnerLoop, evaluate
 from p2p_diloco.core.island import Island, load_vector
 from p2p_diloco.core.model import build_model
+from p2p_diloco.errors import ConfigError
 from p2p_diloco.core.outer import (
     BUFFER_MODES, MOMENTUM_CODECS, PartnerState, publishes_delta, publishes_momentum, wants_momentum
 )
@@ -70,6 +71,8 @@ class Simulation:
     def __init__(self, sim: SimConfig, model_cfg: ModelConfig, train_cfg: TrainConfig, diloco: DiLoCoConfig,
                  corpus: Corpus, progress=None) -> None:
         self.sim, self.model_cfg, self.diloco, self.corpus = sim, model_cfg, diloco, corpus
+        if diloco.exchange == "updates" and sim.mix_delay != 1:
+            raise ConfigError("diloco.exchange='updates' is simulated with mix_delay 1 only")
         self.block = model_cfg.resolved()["block_size"]
         self.step_tokens = train_cfg.batch_size * self.block
         steps_per_island = max(1, sim.tokens // (sim.islands * self.step_tokens))
@@ -154,7 +157,7 @@ class Simulation:
         return self._fetch_cost[key]
 
     def _gossip(self) -> MethodResult:
-        if self.sim.exchange == "updates":
+        if self.diloco.exchange == "updates":
             from p2p_diloco.sim.public import UpdatesGossipRun
 
             return UpdatesGossipRun(self).run()

@@ -160,3 +160,28 @@ def test_islands_launched_together_wait_for_each_other(procs, tmp_path):
     for isl in (first, second):
         assert isl.summary(120)["rounds"] == 3
     assert first.rounds()[0]["time"] > t_second
+
+
+def test_islands_that_exchange_public_state_updates_learn_on_a_fraction_of_the_bytes(procs, tmp_path):
+    """`--exchange updates`: each island fetches its successor in the ring of peer ids, one sign update
+    per round (a newcomer to the run's first chains fetches only updates: it holds the initial
+    weights), and mixes the difference of the public states."""
+    from p2p_diloco.config import ModelConfig
+    from p2p_diloco.core.codecs import encoded_nbytes
+    from p2p_diloco.core.model import build_model
+
+    model = build_model(ModelConfig(n_layer=2, n_embd=64, n_head=4, block_size=64))  # swarm_harness.SMALL_MODEL
+    int8_state = encoded_nbytes(sum(p.numel() for p in model.parameters()), "int8")
+    _, entry = start_bootstrap(procs, tmp_path)
+    islands = [IslandProc(procs, tmp_path, f"u{k}", entry, "-H", "10", "--max-rounds", "1000", "--exchange", "updates",
+                          "--wait-for", "3") for k in range(3)]
+    summaries = run_until_mixed(islands, 10, 150)
+    ids = sorted(s["peer_id"] for s in summaries)
+    for isl, s in zip(islands, summaries):
+        assert s["eval_loss"] < s["initial_loss"] - 1.0, s
+        successor = next((i for i in ids if i > s["peer_id"]), ids[0])
+        mixed = [r["partner"] for r in isl.rounds() if r.get("weight")]
+        assert set(mixed[-4:]) == {successor}, mixed  # the ring, once all are in: the same partner every round
+        one_update = [r["bytes_in"] for r in isl.rounds() if r.get("weight") and r["version"] > 6]
+        assert one_update and max(one_update) < int8_state / 3, (one_update, int8_state)
+        assert not any(r.get("refused") for r in isl.rounds())

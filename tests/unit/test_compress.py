@@ -80,14 +80,17 @@ def test_the_simulator_counts_the_updates_a_receiver_lacks():
 
     corpus = load_corpus(max_bytes=1_000_000)
 
-    def gossip(**sim):
+    def gossip(exchange="state", codec="topk", **sim):
         cfg = SimConfig(**{"tokens": 4 * 4 * 32 * 40, "eval_batches": 2, "methods": ("gossip",), **sim})
         return Simulation(cfg, ModelConfig(n_layer=1, n_embd=32, n_head=2, block_size=32),
-                          TrainConfig(batch_size=4, warmup_steps=2), DiLoCoConfig(local_steps=5), corpus).run("gossip")
+                          TrainConfig(batch_size=4, warmup_steps=2),
+                          DiLoCoConfig(local_steps=5, exchange=exchange, update_codec=codec), corpus).run("gossip")
 
     state = gossip()
     updates = gossip(exchange="updates", update_k=64)
     assert updates.bytes_sent_per_island < state.bytes_sent_per_island / 8
     assert updates.eval_loss < 5.0 and updates.as_dict() == gossip(exchange="updates", update_k=64).as_dict()
-    with pytest.raises(Exception, match="exchange"):
-        SimConfig(exchange="updates", mix_delay=0)
+    signs = gossip(exchange="updates", codec="sign")  # the wire's own codec
+    assert signs.bytes_sent_per_island < state.bytes_sent_per_island / 4 and signs.eval_loss < 5.0
+    with pytest.raises(Exception, match="mix_delay 1"):
+        gossip(exchange="updates", mix_delay=0)

@@ -101,6 +101,7 @@ def test_a_finished_fetch_is_never_lost_to_a_new_one(server):
     assert not worker.start(_record(server, 2))  # refused: the finished state waits to be taken
     first = worker.take()
     assert first.snapshot.version == 1 and first.distance == 0.25 and worker.take() is None
+    _wait_for(lambda: not worker.busy, 10, "the first fetch's thread to close its connection")
     assert worker.start(_record(server, 2))
     assert _result(worker).snapshot.version == 2
     worker.close()

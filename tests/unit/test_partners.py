@@ -94,3 +94,15 @@ def test_an_outbound_only_member_is_a_candidate_only_through_a_relay():
     members = {"a": rec("a"), "natted": rec("natted").replace(reach="outbound")}
     assert set(chooser().candidates(members, 5)) == {"a"}  # nobody can dial it: its pushes reach us instead
     assert set(chooser(relay=True).candidates(members, 5)) == {"a", "natted"}
+
+
+def test_in_a_ring_an_island_fetches_its_successor_while_it_stays_a_candidate():
+    clock = Clock()
+    c = PartnerChooser("b", max_staleness=8, rng=random.Random(0), ring=True, clock=clock)
+    members = {pid: rec(pid) for pid in ("a", "b", "c", "d")}
+    assert {c.choose(members, 5).peer_id for _ in range(10)} == {"c"}  # the same one, round after round
+    assert c.choose(members, 5, min_version=7, skip_recent=True).peer_id == "c"  # early in a round too
+    c.failed("c")
+    assert c.choose(members, 5).peer_id == "d"  # while it is backed off, the next one
+    last = PartnerChooser("d", ring=True)
+    assert last.choose(members, 5).peer_id == "a"  # the ring wraps around

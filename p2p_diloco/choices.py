@@ -1,0 +1,39 @@
+"""The names each setting accepts: codecs, momentum modes, model presets and the like.
+
+Plain constants (no torch), imported by the config sections (`p2p_diloco.config`, which also makes
+them available under its own name) and by whatever validates or lists them.
+"""
+
+from __future__ import annotations
+
+MOMENTUM_MODES = ("mixed", "local", "mixed-int4", "alternate", "alternate-int4", "same-version",
+                  "rescaled", "rescaled-int4", "rescaled-sign", "partner-delta", "noloco")
+MIX_TIMES = ("arrival", "round-end")
+EXCHANGES = ("state", "updates")
+UPDATE_CODECS = ("sign", "int4", "topk")
+"""Codecs of public-state updates: `sign` and `int4` travel on the wire; `topk` is simulated only."""
+CODECS = ("fp32", "bf16", "fp16", "int8", "int4")
+"""Payload codecs of exchanged state (`p2p_diloco.core.codecs` implements them)."""
+DISCOVERY_KINDS = ("auto", "dht", "zmq")
+"""Discovery back-ends: `auto` tries the DHT and falls back to ZeroMQ (`p2p_diloco.discovery`)."""
+REACH_MODES = ("auto", "direct", "outbound")
+"""Can others dial an island: auto (ask the bootstrap node), direct (yes), outbound (no: it fetches and pushes)."""
+DHT_PORT_OFFSET, PX_PORT_OFFSET = 1, 2
+"""`join --port P` (P != 0): the DHT listens on P+1 and the ZeroMQ peer exchange on P+2."""
+DEVICES_HELP = "auto|cpu|cuda|cuda:N|mps"
+"""The accepted `--device` forms (`p2p_diloco.core.device.resolve_device` resolves them)."""
+DEVICE_RE = r"^(auto|cpu|mps|cuda(:\d+)?)$"
+"""Syntax of a `--device` value (checked by `TrainConfig`, torch-free)."""
+PRECISIONS = ("fp32", "bf16")
+"""Precisions of the inner forward and backward pass (`p2p_diloco.core.device.autocast`)."""
+POISONS = ("nan", "scale", "random", "other-run")
+"""What a hostile test double publishes (`join --poison`, `p2p_diloco.peers.poison`)."""
+MODEL_PRESETS: dict[str, dict[str, int]] = {
+    # ~0.84M parameters: tests and CPU demos
+    "tiny": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 128},
+    # ~10.8M parameters
+    "small": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256},
+    # GPT-2 small's shape: ~124M parameters at the GPT-2 vocabulary (50257), ~86M with bytes
+    "gpt2-small": {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024},
+}
+"""Named shapes of the project's GPT (`p2p_diloco.core.model`)."""

@@ -1,0 +1,137 @@
+"""Public states: what an island's partners hold of it, advanced by compressed updates with error feedback.
+
+Instead of its whole state every round, an island (with `exchange="updates"`) sends what changed.
+It keeps a *public state*, an fp32 vector that starts as its anchor when it starts. After each
+outer step it encodes the difference between its anchor and that public state with a wire codec
+(`sign`: one bit per value and a scale per block, or `int4`) and adds the decoded update to the
+public state. What the codec dropped stays in the difference and goes out with a later update
+(error feedback): the public state follows the anchor with a bounded lag, and nothing is lost.
+
+A partner that holds the public state at version `v` (the count of updates applied) needs only the
+updates since `v`; one that holds none, or one further behind than the updates kept, fetches the
+public state whole, in fp32 (it must be exact: every later update is added to it). Decoding is
+deterministic, so the sender and every receiver hold the same public state bit for bit. A public
+state belongs to one *chain*, a random id drawn when the island starts: a restarted island starts a
+new chain, and a copy of the old one is useless. A chain that starts at the run's initial weights
+(an island that starts the run, rather than joining or resuming it) is also reachable as `INIT`:
+every island of the run holds those weights, so its first fetch from a partner costs only the
+updates since then, as long as the partner keeps them all.
+
+A receiver mixes the difference of the two public states, as CHOCO-gossip does (Koloskova et al.,
+2019): its anchor moves by `a (pub_partner - pub_own)`. Both public states lag their anchors alike,
+so their difference estimates the anchors' difference better than a lagging public state alone
+(BENCHMARKS.md, "Bandwidth").
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+import torch
+
+from p2p_diloco.core import codecs
+from p2p_diloco.core.codecs import EncodedVector
+from p2p_diloco.errors import CodecError
+
+UPDATE_CODECS = ("sign", "int4")
+"""Wire codecs an update may travel in (`core.codecs`)."""
+INIT = "init"
+"""The chain a receiver names to say it holds the run's initial weights (version 0 of such a chain)."""
+
+
+def worth_keeping(numel: int, codec: str) -> int:
+    """How many updates a sender keeps: past that many, the chain costs more than the fp32 public
+    state a receiver fetches instead."""
+    return max(1, (4 * numel) // codecs.encoded_nbytes(numel, codec))
+
+
+class PublicState:
+    """The sender's side: its public state, its chain, and the last updates (see the module docstring)."""
+
+    def __init__(self, start: torch.Tensor, codec: str, keep: int | None = None, from_init: bool = False) -> None:
+        if codec not in UPDATE_CODECS:
+            raise CodecError(f"updates travel in {' or '.join(UPDATE_CODECS)}, not {codec!r}")
+        self.pub = start.detach().float().cpu().reshape(-1).clone()
+        self.codec = codec
+        self.chain = secrets.token_hex(8)
+        self.from_init = from_init
+        """`start` is the run's initial weights: a receiver naming `INIT` holds version 0."""
+        self.version = 0
+        """Updates applied so far."""
+        self.updates: deque[EncodedVector] = deque(maxlen=keep or worth_keeping(self.pub.numel(), codec))
+
+    def advance(self, anchor: torch.Tensor) -> EncodedVector:
+        """Encode the anchor's difference from the public state, apply it, keep it; the update."""
+        diff = anchor.detach().float().cpu().reshape(-1) - self.pub
+        update = EncodedVector(codecs.encode(diff, self.codec).clone(), self.codec, diff.numel())
+        self.pub = self.pub + update.float()  # a new tensor: the one published before may still be served
+        self.version += 1
+        self.updates.append(update)
+        return update
+
+    def since(self, version: int) -> list[EncodedVector] | None:
+        """The updates that bring the public state from `version` to now, or None when they are not
+        all kept (or `version` is not one this chain had)."""
+        first = self.version - len(self.updates)  # the version before the oldest kept update
+        if not first <= version <= self.version:
+            return None
+        return list(self.updates)[version - first:]
+
+
+@dataclass
+class PublicCopy:
+    chain: str
+    version: int
+    pub: torch.Tensor
+
+
+class PublicCopies:
+    """The receiver's side: its partners' public states, the `capacity` most recently used (each is
+    a full fp32 copy of the state, so their number is bounded)."""
+
+    def __init__(self, capacity: int = 2, initial: torch.Tensor | None = None) -> None:
+        """`initial`: the run's initial weights (fp32, host), the start of every `INIT` chain."""
+        self.capacity, self.initial = capacity, initial
+        self._copies: OrderedDict[str, PublicCopy] = OrderedDict()
+
+    def asking(self, peer: str) -> tuple[str, int] | None:
+        """What to tell `peer` this island holds of its public state: its chain and version, `INIT`
+        and 0 when it holds none but knows the initial weights, else None (send it whole)."""
+        copy = self._copies.get(peer)
+        if copy is not None:
+            return copy.chain, copy.version
+        return None if self.initial is None else (INIT, 0)
+
+    def held(self, peer: str) -> PublicCopy | None:
+        return self._copies.get(peer)
+
+    def replace(self, peer: str, chain: str, version: int, pub: torch.Tensor) -> PublicCopy:
+        """Hold `pub` (fetched whole) as `peer`'s public state of `chain` at `version`."""
+        self._copies.pop(peer, None)
+        self._copies[peer] = copy = PublicCopy(chain, version, pub.detach().float().reshape(-1).clone())
+        while len(self._copies) > self.capacity:
+            self._copies.popitem(last=False)
+        return copy
+
+    def advance(self, peer: str, chain: str, start: int, updates: list[EncodedVector]) -> PublicCopy:
+        """Apply `updates` (from `start` on) to the copy of `peer`'s public state; raise `CodecError`
+        when the copy held is not of that chain at that version (it would be silently wrong)."""
+        copy = self._copies.get(peer)
+        if copy is None and start == 0 and self.initial is not None:  # the answer to `INIT`
+            copy = self.replace(peer, chain, 0, self.initial)
+        if copy is None or copy.chain != chain or copy.version != start:
+            held = "none" if copy is None else f"chain {copy.chain} at version {copy.version}"
+            raise CodecError(f"updates of chain {chain} from version {start} do not apply to the copy held ({held})")
+        for u in updates:
+            if u.numel() != copy.pub.numel():
+                raise CodecError(f"an update of {u.numel()} values for a public state of {copy.pub.numel()}")
+        for u in updates:
+            copy.pub += u.float()
+        copy.version += len(updates)
+        self._copies.move_to_end(peer)
+        return copy
+
+    def forget(self, peer: str) -> None:
+        self._copies.pop(peer, None)

@@ -1,0 +1,101 @@
+"""What a snapshot server sends a client that asks for an island's public state (protocol 1.1, `hello.pub`).
+
+The island hands the server an immutable `PublicView` at each publish: its public state's chain,
+version and fp32 vector, and the updates it keeps (`core.public`). A client that holds the public
+state of that chain at a kept version gets the updates since then, each a tensor `u<k>` in its
+wire codec (`sign` or `int4`); so does a client that names the chain `INIT` at 0 when this chain
+starts at the run's initial weights; any other client gets the public state whole (`pub`, fp32, exact).
+The manifest's meta says which: `pub_chain`, `pub_version` and `pub_digest` (of the public state
+after them, so a receiver notices a copy that drifted) always, `pub_from` (the version the
+updates start from) only for updates. Packed answers are cached per starting version until the
+next publish, and kept by sid a little longer for fetches still reading them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from p2p_diloco.core.codecs import EncodedVector
+from p2p_diloco.core.public import INIT
+from p2p_diloco.exchange import payload, wire
+
+KEEP_PACKED = 16
+"""Packed answers served by sid after they stop being current (fetches still reading them)."""
+
+
+@dataclass(frozen=True)
+class PublicView:
+    """An island's public state as of one publish (nothing in it changes afterwards)."""
+
+    chain: str
+    version: int
+    pub: torch.Tensor
+    updates: tuple[EncodedVector, ...]
+    """The last updates kept, the newest last: the one to `version`, the one before, ..."""
+    outer_version: int
+    tokens: int
+    meta: dict[str, Any]
+    digest: str = ""
+    """`core.params.weights_digest` of `pub`: a receiver checks its copy against it after the updates."""
+    from_init: bool = False
+    """The chain starts at the run's initial weights: a client naming `INIT` at 0 holds its start."""
+
+    def start(self, chain: str | None, since: int | None) -> int | None:
+        """The version the answer to a client holding `(chain, since)` starts from: `since` when
+        the updates from there are kept, else None (the public state whole)."""
+        first = self.version - len(self.updates)
+        ours = chain == self.chain or (chain == INIT and self.from_init and since == 0)
+        return since if ours and since is not None and first <= since <= self.version else None
+
+    def tensors(self, start: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The tensors and extra meta of the answer that starts from `start` (`start()`)."""
+        meta = {"pub_chain": self.chain, "pub_version": self.version, "pub_digest": self.digest}
+        if start is None:
+            return {"pub": self.pub}, meta
+        updates = self.updates[len(self.updates) - (self.version - start):]
+        return {f"u{start + 1 + k}": u for k, u in enumerate(updates)}, {**meta, "pub_from": start}
+
+
+class PublicViews:
+    """The current `PublicView` and its packed answers (thread-safe: set on the training thread,
+    read on the server's)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._view: PublicView | None = None
+        self._current: dict[int | None, payload.Published] = {}  # by the version an answer starts from
+        self._by_sid: OrderedDict[int, payload.Published] = OrderedDict()
+
+    def publish(self, view: PublicView) -> None:
+        with self._lock:
+            self._view, self._current = view, {}
+
+    def answer(self, hello: wire.Hello) -> payload.Published | None:
+        """The packed answer to `hello` (None before the first publish)."""
+        with self._lock:
+            view = self._view
+            if view is None:
+                return None
+            start = view.start(hello.chain, hello.since)
+            if start in self._current:
+                return self._current[start]
+        tensors, extra = view.tensors(start)
+        manifest, buf = payload.pack(tensors, "fp32", version=view.outer_version, tokens=view.tokens,
+                                     meta={**view.meta, **extra})
+        packed = payload.Published.of(manifest, buf)
+        with self._lock:
+            if self._view is view:
+                self._current[start] = packed
+            self._by_sid[manifest.sid] = packed
+            while len(self._by_sid) > KEEP_PACKED:
+                self._by_sid.popitem(last=False)
+        return packed
+
+    def by_sid(self, sid: int) -> payload.Published | None:
+        with self._lock:
+            return self._by_sid.get(sid)
