@@ -21,17 +21,35 @@ from p2p_diloco.exchange.payload import layout
 
 REPRESENTATIVE_META = {"peer_id": "0" * 20, "model": "0" * 16, "run": "0" * 16}
 """An island's manifest meta (`peers.publishing.Publisher`): the same keys and value lengths."""
+CHAIN = "0" * 16
+"""A public state's chain id (`core.public.PublicState.chain`): the same length."""
+
+
+def public_fetch_wire_bytes(numel: int, codec: str, start: int | None, version: int, held: tuple[str, int] | None,
+                            config: NetworkConfig | None = None) -> int:
+    """Bytes both ways of one fetch of a public state (`exchange.public_views`): the updates from
+    `start` to `version` in `codec`, or (`start` None) the public state whole, asked with `held`."""
+    meta = {**REPRESENTATIVE_META, "pub_chain": CHAIN, "pub_version": version, "pub_digest": "0" * 16}
+    if start is None:
+        tensors = [("pub", numel, "fp32")]
+    else:
+        tensors, meta["pub_from"] = [(f"u{v}", numel, codec) for v in range(start + 1, version + 1)], start
+    hello = {"pub": True, **({} if held is None else {"chain": held[0], "since": held[1]})}
+    return fetch_wire_bytes(tensors, meta=meta, config=config, hello=hello)
 
 
 def fetch_wire_bytes(tensors: Sequence[tuple[str, int, str]], version: int = 1, tokens: int = 1,
-                     meta: Mapping[str, Any] = REPRESENTATIVE_META, config: NetworkConfig | None = None) -> int:
-    """Bytes both ways of one fetch of a snapshot holding `tensors` (`(name, numel, codec)`)."""
+                     meta: Mapping[str, Any] = REPRESENTATIVE_META, config: NetworkConfig | None = None,
+                     hello: Mapping[str, Any] | None = None) -> int:
+    """Bytes both ways of one fetch of a snapshot holding `tensors` (`(name, numel, codec)`); `hello`:
+    the HELLO's optional fields (`wire.Hello`)."""
     specs, total = layout([(name, (numel,), codec) for name, numel, codec in tensors])
     block = wire.choose_block(total)
     manifest = wire.Manifest(sid=(1 << 63) - 1, version=version, tokens=tokens, meta=dict(meta), tensors=specs,
                              total=total, block=block, digests=bytes(wire.DIGEST_SIZE * -(-total // block)))
     ctl = flowcontrol.WindowController.for_config(config or NetworkConfig())
-    hello = wire.Hello(rid=1, prefetch=ctl.window_bytes(wire.MIN_CHUNK), chunk=ctl.chunk_bytes(wire.MIN_CHUNK))
+    hello = wire.Hello(rid=1, prefetch=ctl.window_bytes(wire.MIN_CHUNK), chunk=ctl.chunk_bytes(wire.MIN_CHUNK),
+                       **(hello or {}))
     n = sum(wire.frames_size(wire.encode(msg)) for msg in (hello, wire.ManifestReply(rid=1, manifest=manifest)))
     plan = wire.prefetch_plan(total, block, hello.prefetch, hello.chunk)
     rid, off = 1, plan[-1][0] + plan[-1][1] if plan else 0

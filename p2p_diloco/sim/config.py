@@ -45,8 +45,9 @@ class SimConfig:
     """One of `PARTNER_SCHEDULES`."""
     update_k: int = 64
     """Values kept per 4096 by `topk`."""
-    update_keep: int = 64
-    """Updates a sender keeps; a receiver further behind fetches the public state whole (fp32)."""
+    update_keep: int = 0
+    """Updates a sender keeps; a receiver further behind fetches the public state whole (fp32). 0: as
+    many as an island keeps (`core.public.worth_keeping`; 64 for `topk`)."""
     update_mixing: str = "choco"
     """`choco`: move by the difference of the two public states; `pub`: mix the partner's public state."""
     mix_delay: int = 1

@@ -26,6 +26,8 @@ import torch
 
 from p2p_diloco.core import codecs, compress
 from p2p_diloco.core.outer import PartnerState
+from p2p_diloco.core.public import INIT, worth_keeping
+from p2p_diloco.exchange.cost import CHAIN, public_fetch_wire_bytes
 from p2p_diloco.sim.gossip import GossipRun
 
 MESSAGE_OVERHEAD = 256
@@ -43,14 +45,18 @@ class _Sender:
 class PublicStates:
     """Every island's public state and what each receiver holds of each sender's (see the module docstring)."""
 
-    def __init__(self, initial: list[torch.Tensor], kind: str = "topk", k: int = 64, keep: int = 64,
+    def __init__(self, initial: list[torch.Tensor], kind: str = "topk", k: int = 64, keep: int = 0,
                  mixing: str = "choco") -> None:
+        """`keep`: updates a sender keeps (0: as many as an island keeps, `core.public.worth_keeping`)."""
         assert mixing in ("pub", "choco"), mixing
+        numel = initial[0].numel()
+        keep = keep or (worth_keeping(numel, kind) if kind in codecs.BLOCK_CODECS else 64)
         self.kind, self.k, self.keep, self.mixing = kind, k, keep, mixing
         self.senders = [_Sender(public=p.detach().float().clone(), sizes=[], snapshot=p.detach().float().clone())
                         for p in initial]
         self.held: dict[tuple[int, int], int] = {}  # (receiver, sender) -> updates held (0: the initial weights)
         self.full_bytes = 4 * initial[0].numel() + MESSAGE_OVERHEAD
+        self._wire_cost: dict[tuple, int] = {}  # by (version held, or None for whole; version fetched)
 
     def publish(self, i: int, anchor: torch.Tensor) -> int:
         """Island `i` publishes the compressed difference of its anchor from its public state; returns
@@ -70,11 +76,20 @@ class PublicStates:
 
     def fetch(self, receiver: int, sender: int) -> tuple[int, torch.Tensor]:
         """`receiver` brings its copy of `sender`'s public state up to the last publish: the bytes it
-        costs, and that public state (published states are never changed in place)."""
+        costs, and that public state (published states are never changed in place). With a wire
+        codec, the bytes are the messages' (`exchange.cost`): a copy held at `have` (0: the initial
+        weights, which every island holds, as `core.public.INIT`) asks for the updates since."""
         s = self.senders[sender]
         have, now = self.held.get((receiver, sender), 0), len(s.sizes)
         self.held[(receiver, sender)] = now
-        return (self.full_bytes if now - have > self.keep else sum(s.sizes[have:now])), s.snapshot
+        whole = now - have > self.keep
+        if self.kind not in codecs.BLOCK_CODECS:
+            return (self.full_bytes if whole else sum(s.sizes[have:now])), s.snapshot
+        key = (None if whole else have, now)
+        if key not in self._wire_cost:
+            self._wire_cost[key] = public_fetch_wire_bytes(s.public.numel(), self.kind, key[0], now,
+                                                           (INIT, 0) if have == 0 else (CHAIN, have))
+        return self._wire_cost[key], s.snapshot
 
     def view(self, receiver: int, theirs: torch.Tensor, anchor: torch.Tensor, partner: PartnerState) -> PartnerState:
         """What `receiver` (whose anchor is `anchor`) mixes of a fetched public state `theirs`: that

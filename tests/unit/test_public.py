@@ -155,3 +155,23 @@ def test_a_chain_that_starts_at_the_initial_weights_costs_a_newcomer_only_the_up
             assert torch.equal(copy.pub, fresh.pub) and copies.asking("s") == (fresh.chain, 2)
             server.publish_public(_view(joined))  # a chain that started elsewhere: whole
             assert set(f.fetch(pub=True, held=("init", 0)).tensors) == {"pub"}
+
+
+@pytest.mark.parametrize("numel", [1000, 842_000])
+def test_the_bytes_of_a_public_state_fetch_are_what_the_simulator_charges(numel):
+    """`exchange.cost.public_fetch_wire_bytes` is, byte for byte, what fetching updates (from `INIT`
+    or from a copy held) or a whole public state moves (the chain id and digests of the same length)."""
+    from p2p_diloco.exchange.cost import REPRESENTATIVE_META, public_fetch_wire_bytes
+
+    initial = torch.randn(numel, generator=torch.Generator().manual_seed(1))
+    sender = PublicState(initial, "sign", from_init=True)
+    for k in range(3):
+        sender.advance(initial + 0.1 * (k + 1))
+    view = PublicView(chain=sender.chain, version=3, pub=sender.pub, updates=tuple(sender.updates), outer_version=1,
+                      tokens=1, meta=REPRESENTATIVE_META, digest="0" * 16, from_init=True)
+    with SnapshotServer(config=NetworkConfig()) as server:
+        server.publish_public(view)
+        with Fetcher(server.endpoint) as f:
+            for held, start in ((("init", 0), 0), ((sender.chain, 2), 2), (None, None)):
+                snap = f.fetch(pub=True, held=held, decode=False)
+                assert snap.wire_bytes == public_fetch_wire_bytes(numel, "sign", start, 3, held), held
