@@ -10,8 +10,10 @@ MOMENTUM_MODES = ("mixed", "local", "mixed-int4", "alternate", "alternate-int4",
                   "rescaled", "rescaled-int4", "rescaled-sign", "partner-delta", "noloco")
 MIX_TIMES = ("arrival", "round-end")
 EXCHANGES = ("state", "updates")
-UPDATE_CODECS = ("sign", "int4", "topk")
-"""Codecs of public-state updates: `sign` and `int4` travel on the wire; `topk` is simulated only."""
+WIRE_UPDATE_CODECS = ("sign", "int4")
+"""Codecs a public state's updates travel in (`p2p_diloco.core.public`)."""
+UPDATE_CODECS = (*WIRE_UPDATE_CODECS, "topk")
+"""Codecs of public-state updates: `topk` is simulated only (`p2p_diloco.core.compress`)."""
 CODECS = ("fp32", "bf16", "fp16", "int8", "int4")
 """Payload codecs of exchanged state (`p2p_diloco.core.codecs` implements them)."""
 DISCOVERY_KINDS = ("auto", "dht", "zmq")

@@ -41,9 +41,11 @@ def step_seconds(rows: list[dict]) -> float:
 def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.tokens,
                     latency_ms: float = SimConfig.latency_ms, bandwidth_mbps: float | None = SimConfig.bandwidth_mbps,
                     compression: str = SimConfig.compression, local_steps: int = DiLoCoConfig.local_steps,
-                    workdir: Path | None = None, runs: int = 1, momentum: str = DiLoCoConfig.momentum) -> dict:
+                    workdir: Path | None = None, runs: int = 1, momentum: str = DiLoCoConfig.momentum,
+                    exchange: str = DiLoCoConfig.exchange, update_codec: str = DiLoCoConfig.update_codec) -> dict:
     """Run the swarm `runs` times (runs of the same code differ by which partner each island draws
-    and when each state lands), then the two simulations once; losses are means over the runs."""
+    and when each state lands), then the two simulations once; losses are means over the runs.
+    With `exchange="updates"` the simulation's partners are a ring too, as the islands'."""
     from p2p_diloco.config import ModelConfig, TrainConfig
     from p2p_diloco.core.data import load_corpus
     from p2p_diloco.sim.simulator import Simulation
@@ -56,7 +58,7 @@ def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.to
         where = workdir / f"run-{k}" if workdir is not None and runs > 1 else workdir
         cfg = DemoConfig(islands=islands, max_tokens=per_island, latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps,
                          local_steps=local_steps, compression=compression, run_id="bench", workdir=where,
-                         extra_args=("--momentum", momentum))
+                         extra_args=("--momentum", momentum, "--exchange", exchange, "--update-codec", update_codec))
         started = time.monotonic()
         run_dir, names, summaries = run_swarm(cfg)
         wall_s = time.monotonic() - started
@@ -64,9 +66,10 @@ def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.to
     total = sum(s["tokens"] for s in swarms[0][2])
     step_s = step_seconds([r for *_, rows, _ in swarms for island in rows.values() for r in island])
     sim = SimConfig(islands=islands, methods=("gossip", "dp"), tokens=total, latency_ms=latency_ms,
-                    bandwidth_mbps=bandwidth_mbps or 1e6, compression=compression, step_seconds=step_s)
-    simulation = Simulation(sim, ModelConfig(), train, DiLoCoConfig(local_steps=local_steps, momentum=momentum),
-                            load_corpus())
+                    bandwidth_mbps=bandwidth_mbps or 1e6, compression=compression, step_seconds=step_s,
+                    partners="ring" if exchange == "updates" else SimConfig.partners)
+    diloco = DiLoCoConfig(local_steps=local_steps, momentum=momentum, exchange=exchange, update_codec=update_codec)
+    simulation = Simulation(sim, ModelConfig(), train, diloco, load_corpus())
     gossip, dp = simulation.run("gossip"), simulation.run("dp")
     per_run = []
     for run_dir, names, summaries, rows, wall_s in swarms:
@@ -83,7 +86,8 @@ def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.to
                         "swarm_wall_s": round(wall_s, 1), "workdir": str(run_dir)})
     swarm_loss = sum(r["swarm_eval_loss"] for r in per_run) / runs
     return {"islands": islands, "tokens": total, "latency_ms": latency_ms, "bandwidth_mbps": bandwidth_mbps,
-            "compression": compression, "local_steps": local_steps, "momentum": momentum, "runs": runs,
+            "compression": compression, "local_steps": local_steps, "momentum": momentum, "exchange": exchange,
+            "update_codec": update_codec, "runs": runs,
             "step_seconds": round(step_s, 4),
             "swarm_eval_loss": swarm_loss, "sim_gossip_eval_loss": gossip.eval_loss, "dp_eval_loss": dp.eval_loss,
             "ratio_to_dp": swarm_loss / dp.eval_loss, "ratio_to_sim_gossip": swarm_loss / gossip.eval_loss,

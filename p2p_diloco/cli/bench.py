@@ -9,7 +9,7 @@ import click
 
 from p2p_diloco.bench.round import DEFAULT_PARAMS
 from p2p_diloco.cli.options import codec_option, csv, user_errors
-from p2p_diloco.config import MOMENTUM_MODES, POISONS, DiLoCoConfig
+from p2p_diloco.config import EXCHANGES, MOMENTUM_MODES, POISONS, WIRE_UPDATE_CODECS, DiLoCoConfig
 from p2p_diloco.sim.config import SimConfig
 
 
@@ -61,17 +61,21 @@ def bench_transport(params, compression, latency_ms, bandwidth_mbps, repeat, raw
 @click.option("--local-steps", "-H", type=int, default=DiLoCoConfig.local_steps, show_default=True, help="H (the join default).")
 @click.option("--momentum", type=click.Choice(MOMENTUM_MODES), default=DiLoCoConfig.momentum, show_default=True,
               help="The islands' and the simulation's momentum mode (as `join --momentum`).")
+@click.option("--exchange", type=click.Choice(EXCHANGES), default=DiLoCoConfig.exchange, show_default=True,
+              help="Whole states or public-state updates (as `join --exchange`; the simulation's partners are then a ring).")
+@click.option("--update-codec", type=click.Choice(WIRE_UPDATE_CODECS), default=DiLoCoConfig.update_codec,
+              show_default=True, help="Codec of the updates (as `join --update-codec`).")
 @click.option("--runs", type=click.IntRange(1, 20), default=1, show_default=True,
               help="Run the swarm this many times and report the mean loss (the simulations run once).")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the islands' files here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_steps, momentum, runs, workdir,
-                as_json) -> None:
+def bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_steps, momentum, exchange,
+                update_codec, runs, workdir, as_json) -> None:
     """Real islands on loopback over an emulated WAN, against the simulator and data parallel."""
     from p2p_diloco.bench.swarm import run_bench_swarm
 
     out = run_bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_steps,
-                          Path(workdir) if workdir else None, runs, momentum)
+                          Path(workdir) if workdir else None, runs, momentum, exchange, update_codec)
     if as_json:
         click.echo(json.dumps(out))
         return
