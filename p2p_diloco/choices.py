@@ -16,6 +16,8 @@ UPDATE_CODECS = (*WIRE_UPDATE_CODECS, "topk")
 """Codecs of public-state updates: `topk` is simulated only (`p2p_diloco.core.compress`)."""
 CODECS = ("fp32", "bf16", "fp16", "int8", "int4")
 """Payload codecs of exchanged state (`p2p_diloco.core.codecs` implements them)."""
+WIRE_CODECS = (*CODECS, "sign")
+"""What a tensor of a snapshot may travel in: an anchor's codecs, and `sign` for momentum and updates."""
 DISCOVERY_KINDS = ("auto", "dht", "zmq")
 """Discovery back-ends: `auto` tries the DHT and falls back to ZeroMQ (`p2p_diloco.discovery`)."""
 REACH_MODES = ("auto", "direct", "outbound")

@@ -22,7 +22,8 @@ from typing import Any
 from p2p_diloco import addresses
 from p2p_diloco.choices import (  # noqa: F401 - importers take these from p2p_diloco.config too
     CODECS, DEVICE_RE, DEVICES_HELP, DHT_PORT_OFFSET, DISCOVERY_KINDS, EXCHANGES, MIX_TIMES, MODEL_PRESETS,
-    MOMENTUM_MODES, POISONS, PRECISIONS, PX_PORT_OFFSET, REACH_MODES, UPDATE_CODECS, WIRE_UPDATE_CODECS
+    MOMENTUM_MODES, POISONS, PRECISIONS, PX_PORT_OFFSET, REACH_MODES, UPDATE_CODECS, WIRE_CODECS,
+    WIRE_UPDATE_CODECS
 )
 from p2p_diloco.errors import ConfigError
 

@@ -93,12 +93,12 @@ def serve(params: int, compression: str, latency_ms: float, bandwidth_mbps: floa
     torch.set_num_threads(1)
     phi = torch.randn(params, generator=torch.Generator().manual_seed(0))
     meta = {"checksum": float(codecs.roundtrip(phi, compression).double().sum())}
-    servers = [SnapshotServer(config=NetworkConfig(compression=compression, secret=secret))]
+    servers = [SnapshotServer(config=NetworkConfig(secret=secret))]
     if latency_ms or bandwidth_mbps:
-        servers.append(SnapshotServer(config=NetworkConfig(compression=compression, secret=secret,
-                                                           latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps)))
-    for s in servers:
-        s.publish({"phi": phi}, version=1, tokens=params, meta=meta)
+        servers.append(SnapshotServer(config=NetworkConfig(secret=secret, latency_ms=latency_ms,
+                                                           bandwidth_mbps=bandwidth_mbps)))
+    for s in servers:  # `codec_of`: any wire codec, `sign` (a public state's update) included
+        s.publish({"phi": phi}, version=1, tokens=params, meta=meta, codec_of={"phi": compression})
     _, buf = payload.pack({"phi": phi}, compression, version=1, tokens=params)
     del phi
     raw = zmq.Context.instance().socket(zmq.ROUTER)
@@ -132,7 +132,7 @@ def measure_memory(endpoint: str, compression: str, secret: str | None) -> dict[
     from p2p_diloco.exchange.client import Fetcher
 
     torch.set_num_threads(1)
-    with Fetcher(endpoint, NetworkConfig(compression=compression, secret=secret)) as f:
+    with Fetcher(endpoint, NetworkConfig(secret=secret)) as f:
         f.manifest()
         gc.collect()
         base = peak = _rss()
@@ -173,6 +173,7 @@ def run(params: int, compression: str = "fp32", latency_ms: float = 0.0, bandwid
                                                                     repeat, fetch_checked, say)
         if memory:
             details["memory"] = _memory_run(eps["plain"], compression, env, say)
+        out["codec"] = codec_cost(params, compression)
         out["details"] = details
         return out
     finally:
@@ -183,6 +184,27 @@ def run(params: int, compression: str = "fp32", latency_ms: float = 0.0, bandwid
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
+
+
+def codec_cost(params: int, compression: str, repeat: int = 3) -> dict[str, Any]:
+    """Encoding (as a publish does, into its buffer) and decoding `params` values on one thread,
+    nanoseconds per value, best of `repeat`."""
+    import torch
+
+    from p2p_diloco.core import codecs
+
+    x = torch.randn(params, generator=torch.Generator().manual_seed(1))
+    buf = torch.empty(codecs.encoded_nbytes(params, compression), dtype=torch.uint8)
+    enc, dec = [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        codecs.encode_into(buf, x, compression)
+        t1 = time.perf_counter()
+        codecs.decode(buf, params, compression)
+        enc.append(t1 - t0)
+        dec.append(time.perf_counter() - t1)
+    return {"codec": compression, "encode_ns_per_param": min(enc) / params * 1e9,
+            "decode_ns_per_param": min(dec) / params * 1e9, "bytes_per_param": buf.numel() / params}
 
 
 def _start_server(params: int, compression: str, latency_ms: float, bandwidth_mbps: float | None,
@@ -217,7 +239,7 @@ def _plain_runs(params: int, eps: dict, compression: str, secret: str | None, re
     """The protocol against bare ZeroMQ, interleaved, best of `repeat` after a warm-up of each."""
     from p2p_diloco.config import NetworkConfig
 
-    nbytes, cfg = eps["bytes"], NetworkConfig(compression=compression, secret=secret)
+    nbytes, cfg = eps["bytes"], NetworkConfig(secret=secret)
     raw_fetch(eps["raw"], nbytes, raw)  # warm-up: connections, allocator, page cache
     fetch_checked(eps["plain"], cfg)
     raw_s, fetch_s = [], []
@@ -236,7 +258,7 @@ def _emulated_runs(eps: dict, compression: str, secret: str | None, latency_ms: 
     """Fetches over the emulated link (the first on a cold link, not counted): the best one's figures."""
     from p2p_diloco.config import NetworkConfig
 
-    cfg = NetworkConfig(compression=compression, secret=secret, latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps)
+    cfg = NetworkConfig(secret=secret, latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps)
     runs = [fetch_checked(eps["emulated"], cfg) for _ in range(repeat + 1)]
     rate = bandwidth_mbps * 1e6 / 8 if bandwidth_mbps else None
     for i, s in enumerate(runs):

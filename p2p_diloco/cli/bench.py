@@ -9,7 +9,7 @@ import click
 
 from p2p_diloco.bench.round import DEFAULT_PARAMS
 from p2p_diloco.cli.options import codec_option, csv, user_errors
-from p2p_diloco.config import EXCHANGES, MOMENTUM_MODES, POISONS, WIRE_UPDATE_CODECS, DiLoCoConfig
+from p2p_diloco.config import EXCHANGES, MOMENTUM_MODES, POISONS, WIRE_CODECS, WIRE_UPDATE_CODECS, DiLoCoConfig
 from p2p_diloco.sim.config import SimConfig
 
 
@@ -21,7 +21,8 @@ def bench() -> None:
 @bench.command("transport")
 @click.option("--params", type=click.IntRange(1, 2_000_000_000), default=50_000_000, show_default=True,
               help="fp32 values in the published state (50M = 200 MB).")
-@codec_option("fp32", help="Payload codec.")
+@click.option("--compression", type=click.Choice(WIRE_CODECS), default="fp32", show_default=True,
+              help="Payload codec (sign: what a public state's update travels in).")
 @click.option("--latency-ms", type=click.FloatRange(0, 10_000), default=0.0, show_default=True,
               help="Emulated one-way latency for an extra, emulated fetch.")
 @click.option("--bandwidth-mbps", type=click.FloatRange(min=0, min_open=True), default=None,

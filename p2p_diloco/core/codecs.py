@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from p2p_diloco.config import CODECS
+from p2p_diloco.config import WIRE_CODECS
 from p2p_diloco.errors import CodecError
 
 INT8_BLOCK = 256
@@ -27,8 +27,6 @@ BLOCK_CODECS = ("int8", "int4", "sign")
 """Codecs laid out as `[scales][codes]` with one scale per `INT8_BLOCK` values."""
 PER_BYTE = {"int8": 1, "int4": 2, "sign": 8}
 """Values per code byte of the block codecs."""
-WIRE_CODECS = (*CODECS, "sign")
-"""What a tensor of a snapshot may travel in: an anchor's codecs (`config.CODECS`), and `sign` for momentum."""
 _CODE_MAX = {"int8": 127.0, "int4": 7.0}
 
 
