@@ -25,7 +25,8 @@ from p2p_diloco.core.public import INIT
 from p2p_diloco.exchange import payload, wire
 
 KEEP_PACKED = 16
-"""Packed answers served by sid after they stop being current (fetches still reading them)."""
+"""Packed answers served by sid after they stop being current (fetches still reading them), as long
+as those hold no more bytes than two whole public states."""
 
 
 @dataclass(frozen=True)
@@ -92,9 +93,17 @@ class PublicViews:
             if self._view is view:
                 self._current[start] = packed
             self._by_sid[manifest.sid] = packed
-            while len(self._by_sid) > KEEP_PACKED:
-                self._by_sid.popitem(last=False)
+            self._forget_old(8 * view.pub.numel())
         return packed
+
+    def _forget_old(self, budget: int) -> None:
+        """Drop the oldest answers no longer current while more than `KEEP_PACKED` or `budget` bytes are kept."""
+        current = {p.manifest.sid for p in self._current.values()}
+        old = [sid for sid in self._by_sid if sid not in current]
+        held = sum(p.manifest.total for sid, p in self._by_sid.items() if sid not in current)
+        while old and (len(old) > KEEP_PACKED or held > budget):
+            sid = old.pop(0)
+            held -= self._by_sid.pop(sid).manifest.total
 
     def by_sid(self, sid: int) -> payload.Published | None:
         with self._lock:

@@ -175,3 +175,18 @@ def test_the_bytes_of_a_public_state_fetch_are_what_the_simulator_charges(numel)
             for held, start in ((("init", 0), 0), ((sender.chain, 2), 2), (None, None)):
                 snap = f.fetch(pub=True, held=held, decode=False)
                 assert snap.wire_bytes == public_fetch_wire_bytes(numel, "sign", start, 3, held), held
+
+
+def test_a_server_keeps_old_answers_within_a_bound():
+    from p2p_diloco.exchange import public_views
+    from p2p_diloco.exchange.public_views import PublicViews
+
+    sender, views = PublicState(torch.zeros(N), "sign"), PublicViews()
+    sids = []
+    for k in range(6):  # each publish: a client with an old chain gets the whole state (4 N bytes)
+        sender.advance(torch.full((N,), float(k + 1)))
+        views.publish(_view(sender))
+        sids.append(views.answer(wire.Hello(rid=1, pub=True)).manifest.sid)
+    kept = [sid for sid in sids if views.by_sid(sid) is not None]
+    assert sids[-1] in kept and len(kept) <= 3  # the current one, and two whole states' worth of old ones
+    assert public_views.KEEP_PACKED >= len(kept)
