@@ -1,13 +1,11 @@
-"""Compressed updates of a flat fp32 vector: blockwise 4-bit values, and per-block top-k with 4-bit
-values, each with its exact size in bytes.
+"""Top-k updates of a flat fp32 vector, per block with 4-bit values, with their exact size in bytes
+(simulated only: the swarm's updates travel in the wire's `sign` or `int4`, `core.codecs`).
 
 These carry what changed in an island's public state from one round to the next (its error feedback
 keeps what a message drops for the next one, so nothing is lost over time; `p2p_diloco.sim.public`).
 A message is deterministic: the sender and every receiver decode it to the same fp32 values, bit for
 bit, so their copies of the public state never drift apart.
 
-- `q4`: every value, in blocks of `Q4_BLOCK`: one bf16 scale (`max|x| / 7`) and a 4-bit code in
-  [-7, 7] per value: `n / 2 + 2 n / 64` bytes, about 0.53 bytes per value.
 - `topk`: per block of `TOPK_BLOCK` values, the `k` of largest magnitude: their in-block indices
   (12 bits each, packed), 4-bit codes and one bf16 scale per block. With `k = 64` (1/64 of the
   values) a block costs `64 x 2 + 2 = 130` bytes: 0.032 bytes per value, 31 times fewer than int8.
@@ -22,8 +20,6 @@ from dataclasses import dataclass
 
 import torch
 
-Q4_BLOCK = 64
-"""Values per scale of the dense 4-bit codec."""
 TOPK_BLOCK = 4096
 """Values per block of the top-k codec (indices within a block fit 12 bits)."""
 LEVELS = 7
@@ -34,18 +30,16 @@ LEVELS = 7
 class Update:
     """One compressed update: what `decode_add` needs, and its size on the wire."""
 
-    kind: str  # "q4" or "topk"
+    kind: str  # "topk"
     numel: int
     codes: torch.Tensor  # int8 codes, (blocks, per block)
     scales: torch.Tensor  # bf16, one per block
-    index: torch.Tensor | None  # topk: int64 in-block positions, (blocks, k)
+    index: torch.Tensor  # int64 in-block positions, (blocks, k)
 
     @property
     def nbytes(self) -> int:
         """Bytes on the wire: 4-bit codes packed two per byte, 12-bit indices, bf16 scales."""
-        n_codes = self.numel if self.kind == "q4" else self.codes.numel()  # q4's padding is not sent
-        index = 0 if self.index is None else math.ceil(self.index.numel() * 12 / 8)
-        return math.ceil(n_codes / 2) + index + 2 * self.scales.numel()
+        return math.ceil(self.codes.numel() / 2) + math.ceil(self.index.numel() * 12 / 8) + 2 * self.scales.numel()
 
 
 def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
@@ -68,10 +62,7 @@ def _quantize(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def encode(x: torch.Tensor, kind: str, k: int = 64) -> Update:
-    """Compress `x` (flat fp32) with `kind`: `q4`, or `topk` keeping `k` values per `TOPK_BLOCK`."""
-    if kind == "q4":
-        codes, scales = _quantize(_blocks(x, Q4_BLOCK))
-        return Update("q4", x.numel(), codes, scales, None)
+    """Compress `x` (flat fp32) with `kind` `topk`, keeping `k` values per `TOPK_BLOCK`."""
     if kind == "topk":
         blocks = _blocks(x, TOPK_BLOCK)
         index = blocks.abs().topk(min(k, TOPK_BLOCK), dim=1, sorted=False).indices
@@ -83,10 +74,7 @@ def encode(x: torch.Tensor, kind: str, k: int = 64) -> Update:
 def decode_add(out: torch.Tensor, u: Update, alpha: float = 1.0) -> torch.Tensor:
     """`out += alpha * decoded(u)` in place (fp32), and return `out`."""
     values = u.codes.float() * u.scales.float().unsqueeze(1)
-    if u.kind == "q4":
-        dense = values.reshape(-1)[: u.numel]
-    else:
-        dense = torch.zeros(u.codes.shape[0], TOPK_BLOCK).scatter_(1, u.index, values).reshape(-1)[: u.numel]
+    dense = torch.zeros(u.codes.shape[0], TOPK_BLOCK).scatter_(1, u.index, values).reshape(-1)[: u.numel]
     return out.add_(dense.to(out.device), alpha=alpha)
 
 
