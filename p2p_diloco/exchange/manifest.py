@@ -14,7 +14,8 @@ from typing import Any
 
 import msgpack
 
-from p2p_diloco.core.codecs import WIRE_CODECS, encoded_nbytes
+from p2p_diloco.config import WIRE_CODECS
+from p2p_diloco.core.codecs import encoded_nbytes
 from p2p_diloco.errors import ProtocolError
 
 KiB, MiB = 1024, 1024 * 1024
