@@ -105,3 +105,36 @@ def test_a_finished_fetch_is_never_lost_to_a_new_one(server):
     assert worker.start(_record(server, 2))
     assert _result(worker).snapshot.version == 2
     worker.close()
+
+
+def test_a_worker_follows_a_partners_public_state_and_refuses_one_that_drifted(server):
+    """`exchange="updates"`: the first fetch starts from the initial weights (`INIT`), the next brings
+    the copy up by one update; a copy whose digest disagrees with the sender's is dropped, and the
+    exchange fails as the partner's fault (`bad_state`)."""
+    from p2p_diloco.core.params import weights_digest
+    from p2p_diloco.core.public import PublicCopies, PublicState
+    from p2p_diloco.exchange.public_views import PublicView
+
+    initial = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    sender = PublicState(initial, "sign", from_init=True)
+
+    def publish(digest=None):
+        sender.advance(initial + 0.1 * sender.version + 0.1)
+        server.publish({"phi": initial}, sender.version, 1000)
+        server.publish_public(PublicView(chain=sender.chain, version=sender.version, pub=sender.pub,
+                                         updates=tuple(sender.updates), outer_version=sender.version, tokens=1000,
+                                         meta={}, digest=digest or weights_digest(sender.pub), from_init=True))
+
+    copies = PublicCopies(initial=initial.clone())
+    worker = GossipWorker(NET, timeout_s=5.0, copies=copies, measure_public=lambda copy: 0.5)
+    for version in (1, 2):
+        publish()
+        assert worker.start(_record(server, version))
+        result = _result(worker)
+        assert result.public is not None and result.distance == 0.5 and torch.equal(result.public.pub, sender.pub)
+        assert list(result.snapshot.tensors) == [f"u{version}"] and result.public.version == version
+    publish(digest="0" * 16)
+    assert worker.start(_record(server, 3))
+    result = _result(worker)
+    assert result.snapshot is None and result.bad_state and "pub_digest" in result.error
+    assert copies.held("partner") is None  # dropped: the next fetch asks for the public state whole
