@@ -40,10 +40,10 @@ import torch
 from p2p_diloco.config import WIRE_UPDATE_CODECS, DiLoCoConfig, DiscoveryConfig, IslandConfig, NetworkConfig
 from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.params import fingerprint, weights_digest
+from p2p_diloco.core.public import PublicCopies
 from p2p_diloco.discovery import open_membership
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.peers import checkpoint
-from p2p_diloco.core.public import PublicCopies
 from p2p_diloco.errors import CheckpointError, ConfigError
 from p2p_diloco.peers.divergence import DivergenceGuard
 from p2p_diloco.peers.distributed import CARRY_ON, NEW_ROUND, STOP, SYNC, IntraIsland

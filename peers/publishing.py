@@ -22,8 +22,8 @@ import torch
 
 from p2p_diloco.config import DiLoCoConfig
 from p2p_diloco.core.device import pinned_buffer, to_host
-from p2p_diloco.core.params import weights_digest
 from p2p_diloco.core.outer import MOMENTUM_CODECS, publishes_delta, publishes_momentum
+from p2p_diloco.core.params import weights_digest
 from p2p_diloco.core.public import PublicState
 from p2p_diloco.exchange.public_views import PublicView
 
