@@ -172,8 +172,8 @@ class Fetcher:
         self._send(hello)
         m = self._await_manifest(first, timeout, t0)
         ctl.on_rtt(time.monotonic() - t0)
-        if m.state_bytes > cfg.max_state_bytes:
-            raise BadPayload(f"{self.endpoint} offers {m.state_bytes} bytes of state, over max_state_bytes")
+        if (need := m.state_bytes if decode else m.total) > cfg.max_state_bytes:  # what this fetch allocates
+            raise BadPayload(f"{self.endpoint} offers {need} bytes of state, over max_state_bytes")
         asm, tr = payload.Assembler(m, keep_encoded=not decode), _Transfer.after(hello, m, time.monotonic() + timeout)
         while not asm.done:
             tr.collect_done()

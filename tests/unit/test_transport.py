@@ -264,3 +264,15 @@ def test_the_bytes_a_fetch_moves_are_what_the_simulator_charges(server, numel):
     snap = fetch(srv.endpoint, NetworkConfig(), timeout=10)
     expected = fetch_wire_bytes([("phi", numel, "int8"), ("m", numel, "int4")], version=3, tokens=40_000)
     assert snap.wire_bytes == expected and 0 < expected - snap.nbytes < 600 + snap.nbytes // 500
+
+
+def test_a_state_larger_than_max_state_bytes_is_refused_before_anything_is_allocated(server):
+    """The bound is on what the fetch allocates: the decoded fp32 tensors, or with `decode=False`
+    the encoded bytes it keeps (a public state's updates: 28 sign updates of a 1B model decode to
+    112 GB but arrive in 4 GB)."""
+    srv = server(compression="int8")
+    srv.publish({"phi": torch.randn(10_000)}, version=1, tokens=1)  # 10,160 bytes encoded, 40,000 decoded
+    cfg = NetworkConfig(max_state_bytes=20_000)
+    with pytest.raises(BadPayload, match="over max_state_bytes"):
+        fetch(srv.endpoint, cfg, timeout=10)
+    assert fetch(srv.endpoint, cfg, timeout=10, decode=False).nbytes == 10_160
