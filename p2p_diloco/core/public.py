@@ -71,12 +71,15 @@ class PublicState:
         return update
 
     def since(self, version: int) -> list[EncodedVector] | None:
-        """The updates that bring the public state from `version` to now, or None when they are not
-        all kept (or `version` is not one this chain had)."""
-        first = self.version - len(self.updates)  # the version before the oldest kept update
-        if not first <= version <= self.version:
-            return None
-        return list(self.updates)[version - first:]
+        return updates_since(self.updates, self.version, version)
+
+
+def updates_since(updates, version: int, since: int) -> list[EncodedVector] | None:
+    """Of the last `updates` of a chain now at `version` (the newest last), those that bring its
+    public state from `since` to `version`; None when they are not all kept (or `since` is not a
+    version the chain had)."""
+    first = version - len(updates)  # the version before the oldest kept update
+    return list(updates)[since - first:] if first <= since <= version else None
 
 
 @dataclass

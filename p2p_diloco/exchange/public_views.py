@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from p2p_diloco.core.codecs import EncodedVector
-from p2p_diloco.core.public import INIT
+from p2p_diloco.core.public import INIT, updates_since
 from p2p_diloco.exchange import payload, wire
 
 KEEP_PACKED = 16
@@ -49,16 +49,15 @@ class PublicView:
     def start(self, chain: str | None, since: int | None) -> int | None:
         """The version the answer to a client holding `(chain, since)` starts from: `since` when
         the updates from there are kept, else None (the public state whole)."""
-        first = self.version - len(self.updates)
         ours = chain == self.chain or (chain == INIT and self.from_init and since == 0)
-        return since if ours and since is not None and first <= since <= self.version else None
+        return since if ours and updates_since(self.updates, self.version, since) is not None else None
 
     def tensors(self, start: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
         """The tensors and extra meta of the answer that starts from `start` (`start()`)."""
         meta = {"pub_chain": self.chain, "pub_version": self.version, "pub_digest": self.digest}
         if start is None:
             return {"pub": self.pub}, meta
-        updates = self.updates[len(self.updates) - (self.version - start):]
+        updates = updates_since(self.updates, self.version, start)
         return {f"u{start + 1 + k}": u for k, u in enumerate(updates)}, {**meta, "pub_from": start}
 
 
