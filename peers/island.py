@@ -54,7 +54,7 @@ from p2p_diloco.peers.plausibility import PlausibilityGate, distance, norm, rela
 from p2p_diloco.peers.publishing import Publisher
 from p2p_diloco.peers.reach import PushInbox, check_reach
 from p2p_diloco.peers.rounds import ANNOUNCE_EVERY_S, Round, RoundsMixin
-from p2p_diloco.peers.state import ModelExtras, join_from_freshest, rejoin_if_behind, resume
+from p2p_diloco.peers.state import STALE_LAG, ModelExtras, join_from_freshest, resume
 
 log = logging.getLogger(__name__)
 ABANDON_FETCH_S = 1.0
@@ -185,9 +185,7 @@ class SwarmIsland(RoundsMixin):
         try:
             if self.cfg.resume:
                 self.round = resume(self)
-                rejoin_if_behind(self)
-            else:
-                join_from_freshest(self)
+            join_from_freshest(self, lead=STALE_LAG if self.cfg.resume else 1)
             self._tell_ranks(SYNC)  # the other ranks start from the state this one joined or resumed with
             self.initial_loss = self.eval_loss = self._evaluate()
             self.state = "training"

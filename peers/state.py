@@ -67,23 +67,13 @@ def resume(island: Any) -> int:
     return int(meta["round"])
 
 
-def rejoin_if_behind(island: Any) -> None:
-    """A resumed island whose checkpoint the swarm has left `STALE_LAG` or more versions behind
-    adopts the freshest members' state before its first round, as a joiner does. (Training on
-    from the checkpoint instead, every partner's state is refused as too far away until a catch-up
-    lands: in a test, a whole run of rounds without a partner.) Its inner optimizer and data
-    position stay those of its checkpoint."""
-    island.wait_for_members(2, min(DISCOVERY_SETTLE_S, island.cfg.join_timeout_s))
-    others = _freshest(island)
-    if others and others[0].version >= island.version + STALE_LAG:
-        log.info("the swarm is at version %d, this checkpoint at %d: catching up before the first round",
-                 others[0].version, island.version)
-        island.state = "syncing"
-        adopt_most_central(island, download_freshest(island, others, island.cfg.join_timeout_s))
-
-
-def join_from_freshest(island: Any) -> None:
+def join_from_freshest(island: Any, lead: int = 1) -> None:
     """Start from the freshest members' state if the run is already going (see the module docstring).
+
+    `lead`: how many versions ahead the freshest member must be. A resumed island passes
+    `STALE_LAG`: a checkpoint the swarm has left that far behind would see every partner's state
+    refused as too far until a catch-up landed (in a test, a whole run of rounds without a
+    partner), so it joins as a newcomer does, keeping its inner optimizer and data position.
 
     The joiner downloads up to `JOIN_QUORUM` of the freshest members' states (same model and run)
     and adopts the one closest to the others, so one member publishing a poisoned state while it
@@ -91,7 +81,7 @@ def join_from_freshest(island: Any) -> None:
     the run's initial weights (this island's own) wins.
     """
     island.wait_for_members(2, min(DISCOVERY_SETTLE_S, island.cfg.join_timeout_s))  # who is there?
-    if others := _freshest(island):
+    if (others := _freshest(island)) and others[0].version >= island.version + lead:
         island.state = "syncing"
         adopt_most_central(island, download_freshest(island, others, island.cfg.join_timeout_s))
 

@@ -46,6 +46,13 @@ def worth_keeping(numel: int, codec: str) -> int:
     return max(1, (4 * numel) // codecs.encoded_nbytes(numel, codec))
 
 
+def encode_update(pub: torch.Tensor, anchor: torch.Tensor, codec: str) -> EncodedVector:
+    """The anchor's difference from the public state `pub`, encoded in `codec`: the next update
+    (what its decoded values leave out stays in the difference after it is added: error feedback)."""
+    diff = anchor.detach().float().cpu().reshape(-1) - pub
+    return EncodedVector(codecs.encode(diff, codec).clone(), codec, diff.numel())
+
+
 class PublicState:
     """The sender's side: its public state, its chain, and the last updates (see the module docstring)."""
 
@@ -63,8 +70,7 @@ class PublicState:
 
     def advance(self, anchor: torch.Tensor) -> EncodedVector:
         """Encode the anchor's difference from the public state, apply it, keep it; the update."""
-        diff = anchor.detach().float().cpu().reshape(-1) - self.pub
-        update = EncodedVector(codecs.encode(diff, self.codec).clone(), self.codec, diff.numel())
+        update = encode_update(self.pub, anchor, self.codec)
         self.pub = self.pub + update.float()  # a new tensor: the one published before may still be served
         self.version += 1
         self.updates.append(update)

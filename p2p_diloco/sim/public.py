@@ -26,7 +26,7 @@ import torch
 
 from p2p_diloco.core import codecs, compress
 from p2p_diloco.core.outer import PartnerState
-from p2p_diloco.core.public import INIT, worth_keeping
+from p2p_diloco.core.public import INIT, encode_update, worth_keeping
 from p2p_diloco.exchange.cost import CHAIN, public_fetch_wire_bytes
 from p2p_diloco.sim.gossip import GossipRun
 
@@ -62,10 +62,10 @@ class PublicStates:
         """Island `i` publishes the compressed difference of its anchor from its public state; returns
         the update's bytes."""
         s = self.senders[i]
-        if self.kind in codecs.BLOCK_CODECS:  # the wire's own codecs (what the swarm sends)
-            diff = anchor.float() - s.public
-            s.public += codecs.roundtrip(diff, self.kind)
-            nbytes = codecs.encoded_nbytes(diff.numel(), self.kind)
+        if self.kind in codecs.BLOCK_CODECS:  # the wire's own codecs: the update an island sends
+            update = encode_update(s.public, anchor, self.kind)
+            s.public += update.float()
+            nbytes = update.buf.numel()
         else:
             update = compress.encode(anchor - s.public, self.kind, self.k)
             compress.decode_add(s.public, update)
