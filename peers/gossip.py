@@ -34,8 +34,6 @@ from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.errors import BadPayload, CodecError, TransportError
 
 log = logging.getLogger(__name__)
-VERSION_POLL_S = 0.05
-"""Pause between two manifest requests while waiting for a partner to publish a version (each is one round trip)."""
 
 
 @dataclass(frozen=True)
@@ -89,10 +87,10 @@ class GossipWorker:
         """Begin fetching `partner`'s snapshot in the background; False if a fetch is still running or
         its result has not been taken.
 
-        With `min_version`, first ask the partner for its manifest until it has published that
-        version or `time.monotonic()` passes `wait_until`, then fetch whatever it has: asking the
-        partner itself learns of its publish a round trip after it happens, discovery a second or
-        two later.
+        With `min_version`, the partner holds its answer until it has published that version or
+        `time.monotonic()` passes `wait_until`, then sends whatever it has (`hello.want`,
+        `exchange.parked`): the answer leaves the moment the version exists, where discovery would
+        learn of it a second or two later, and waiting costs no request but the fetch's own.
         """
         if self.busy or self._closed or self.has_result:
             return False
@@ -110,12 +108,11 @@ class GossipWorker:
         try:
             with Fetcher(self.relay if via_relay else partner.endpoint, self.network,
                          peer=partner.peer_id if via_relay else None) as fetcher:
-                while (partner.version < min_version and time.monotonic() < wait_until and not self._closed
-                       and fetcher.manifest(self.timeout_s).version < min_version):
-                    time.sleep(VERSION_POLL_S)
                 public = self.copies is not None and not via_relay
+                wait = partner.version < min_version and wait_until > started  # the server holds its answer
                 snap = fetcher.fetch(self.timeout_s, decode=False,  # decoded slice by slice as it is mixed
-                                     pub=public, held=self.copies.asking(partner.peer_id) if public else None)
+                                     pub=public, held=self.copies.asking(partner.peer_id) if public else None,
+                                     want=min_version if wait else None, wait_s=wait_until - started)
                 copy = self._hold_public(partner.peer_id, snap) if public else None
                 distance = self.measured(snap) if copy is None else self._measured_public(copy)
                 with self._lock:  # handed over at once: mixing need not wait for our push

@@ -11,13 +11,13 @@ Failures raise a `TransportError` subclass and never return a partial state: `Tr
 (nothing heard for `timeout` seconds), `ConnectionLost` (the peer dropped mid-exchange),
 `VersionGone` (the snapshot was replaced and evicted), `AuthRefused` (secret handshake failed),
 `ProtocolMismatch` (other major version), `BadPayload`/`ProtocolError` (the peer broke the rules).
-
-`push` (protocol 1.1) sends this side's own snapshot over the same connection, for an island that
-nobody can dial (`push.py` has the receiving side).
+`push` (1.1) sends this side's own snapshot, for an island nobody can dial (`push.py` receives it).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -150,16 +150,18 @@ class Fetcher:
         hello = wire.Hello(rid=self._next_rid(), peer=self.peer)
         self._send(hello)
         m = self._await_manifest(first, timeout, t0)
-        flowcontrol.remember(self.endpoint, _with_rtt(flowcontrol.remembered(self.endpoint), time.monotonic() - t0))
+        if (prior := flowcontrol.remembered(self.endpoint)) is not None:  # a smaller round trip is worth keeping
+            flowcontrol.remember(self.endpoint, dataclasses.replace(prior, rtt_s=min(prior.rtt_s, time.monotonic() - t0)))
         return m
 
     def fetch(self, timeout: float | None = None, decode: bool = True, pub: bool = False,
-              held: tuple[str, int] | None = None) -> Snapshot:
+              held: tuple[str, int] | None = None, want: int | None = None, wait_s: float = 0.0) -> Snapshot:
         """Download the peer's latest snapshot whole; `timeout` is the longest wait for progress.
 
         With `decode=False` the tensors stay in their encoded bytes (`codecs.EncodedVector`, a
         quarter of the fp32 memory for int8), checked the same way, decoded later a slice at a time.
-        With `pub` (1.1): its public state, or the updates since `held`, the (chain, version) held.
+        1.1: with `pub`, the public state or the updates since `held`, the (chain, version) held;
+        with `want`, the server answers once it has published that version, or after `wait_s`.
         """
         timeout = timeout or self.config.fetch_timeout_s
         self._drain_monitor(busy=False)
@@ -168,10 +170,14 @@ class Fetcher:
         first, t0 = self._rid + 1, time.monotonic()
         hello = wire.Hello(rid=self._next_rid(), prefetch=ctl.window_bytes(wire.MIN_CHUNK),
                            chunk=ctl.chunk_bytes(wire.MIN_CHUNK), peer=self.peer, pub=pub,
-                           chain=held[0] if held else None, since=held[1] if held else None)
+                           chain=held[0] if held else None, since=held[1] if held else None, want=want,
+                           wait_ms=min(wire.MAX_WAIT_MS, round(wait_s * 1000)) if want is not None else 0)
         self._send(hello)
-        m = self._await_manifest(first, timeout, t0)
-        ctl.on_rtt(time.monotonic() - t0)
+        m = self._await_manifest(first, timeout, t0, hello.wait_ms / 1000)
+        if hello.want is None:
+            ctl.on_rtt(time.monotonic() - t0)
+        else:  # the server held its answer: no round-trip sample, and the transfer began a round trip ago
+            t0 = time.monotonic() - (ctl.min_rtt if math.isfinite(ctl.min_rtt) else 0.0)
         if (need := m.state_bytes if decode else m.total) > cfg.max_state_bytes:  # what this fetch allocates
             raise BadPayload(f"{self.endpoint} offers {need} bytes of state, over max_state_bytes")
         asm, tr = payload.Assembler(m, keep_encoded=not decode), _Transfer.after(hello, m, time.monotonic() + timeout)
@@ -264,10 +270,8 @@ class Fetcher:
             self._pool = None
         sock = getattr(self, "_sock", None)
         if sock is not None and not sock.closed:
-            try:
+            with contextlib.suppress(zmq.ZMQError):
                 sock.disable_monitor()
-            except zmq.ZMQError:
-                pass
             sock.close(linger=0)
         mon = getattr(self, "_monitor", None)
         if mon is not None and not mon.closed:
@@ -305,7 +309,7 @@ class Fetcher:
         except zmq.ZMQError as e:
             raise TransportError(f"cannot send to {self.endpoint}: {e}") from e
 
-    def _await_manifest(self, first: int, timeout: float, t0: float) -> wire.Manifest:
+    def _await_manifest(self, first: int, timeout: float, t0: float, wait_s: float = 0.0) -> wire.Manifest:
         stall = t0 + timeout
         while True:
             reply = self._wait(stall, None, first, timeout)
@@ -313,10 +317,11 @@ class Fetcher:
                 continue
             if isinstance(reply, wire.ManifestReply):
                 return reply.manifest
-            raise ProtocolError(f"{self.endpoint} answered HELLO with {type(reply).__name__}")
-
+            if not isinstance(reply, wire.Waiting):
+                raise ProtocolError(f"{self.endpoint} answered HELLO with {type(reply).__name__}")
+            stall = time.monotonic() + wait_s + timeout  # it holds our HELLO (`want`): the wait, then the timeout
     def _wait(self, stall: float, m: wire.Manifest | None, first: int,
-              timeout: float) -> wire.ManifestReply | wire.ChunkReply:
+              timeout: float) -> wire.ManifestReply | wire.Waiting | wire.ChunkReply:
         """Send what the pacer releases; return the next reply (or raise for an ERROR or silence)."""
         while True:
             now = time.monotonic()
@@ -380,10 +385,6 @@ class Fetcher:
                 was_up, self._up = self._up, False
                 if busy and was_up:
                     raise ConnectionLost(f"{self.endpoint} closed the connection mid-exchange")
-
-
-def _with_rtt(prior: flowcontrol.LinkEstimate | None, rtt: float) -> flowcontrol.LinkEstimate | None:
-    return None if prior is None else flowcontrol.LinkEstimate(rtt_s=min(prior.rtt_s, rtt), bytes_per_s=prior.bytes_per_s)
 
 
 def fetch(endpoint: str, config: NetworkConfig | None = None, timeout: float | None = None,

@@ -75,6 +75,12 @@ class PublicViews:
         with self._lock:
             self._view, self._current = view, {}
 
+    @property
+    def outer_version(self) -> int | None:
+        """The outer version of the view served now (None before the first publish)."""
+        view = self._view
+        return None if view is None else view.outer_version
+
     def answer(self, hello: wire.Hello) -> payload.Published | None:
         """The packed answer to `hello` (None before the first publish)."""
         with self._lock:

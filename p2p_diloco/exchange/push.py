@@ -22,7 +22,10 @@ import torch
 
 from p2p_diloco.errors import BadPayload
 from p2p_diloco.exchange import wire
-from p2p_diloco.exchange.payload import Assembler
+from p2p_diloco.exchange.payload import Assembler, Published
+
+RELAY_MAX_PEERS = 64
+"""A relay keeps the latest pushed state of at most this many peers (the least recently pushed goes)."""
 
 GRANT_WINDOW = 8 * wire.MiB
 """Bytes a pusher may have on its way beyond what arrived (about 2 x bandwidth x RTT for 100 Mbit/s
@@ -97,17 +100,23 @@ class NoPushes:
 
 class RelayPolicy:
     """A relay takes any member's push (the swarm secret, when set, already admitted the connection)
-    that names its peer id, and hands each stored one to `store(peer_id, pushed)` (it keeps the latest)."""
+    that names its peer id, and keeps the latest stored one of each peer, as it arrived, in `states`
+    (at most `RELAY_MAX_PEERS`, the least recently pushed going first) to serve it on."""
 
-    def __init__(self, store) -> None:
-        self.store = store
+    def __init__(self) -> None:
+        self.states: dict[str, Published] = {}  # replaced, never changed in place: read on any thread
 
     def admit(self, manifest: wire.Manifest) -> tuple[str, str] | None:
         peer = manifest.meta.get("peer_id")
         return None if isinstance(peer, str) and peer else ("refused", "a relayed state must name its peer_id in meta")
 
     def stored(self, pushed: Pushed) -> None:
-        self.store(pushed.manifest.meta["peer_id"], pushed)
+        peer, states = pushed.manifest.meta["peer_id"], dict(self.states)
+        states.pop(peer, None)
+        states[peer] = Published.of(pushed.manifest, pushed.raw)
+        while len(states) > RELAY_MAX_PEERS:
+            states.pop(next(iter(states)))
+        self.states = states
 
     def dropped(self, manifest: wire.Manifest) -> None:
         pass

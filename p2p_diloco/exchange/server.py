@@ -8,10 +8,10 @@ socket (`MAXMSGSIZE`) before it is parsed; a bad one gets an ERROR reply and a l
 the server carries on. Payload chunks are zero-copy slices of the snapshot buffer.
 
 The fetching side (DEALER) lives in `client.py`. Protocol 1.1 adds pushes (`push.py`): an island
-that nobody can dial delivers its snapshot over the connection it opened to fetch; the server takes
-it when its `pushes` policy admits it (`push.PushPolicy`). A relay (`relay=True`, on the bootstrap node) takes any
-member's push and serves the latest of each to fetchers that name the peer in their HELLO. A HELLO
-with `pub` gets the island's public state instead, or its updates (`public_views.PublicViews`).
+that nobody can dial delivers its snapshot over the connection it opened to fetch, taken when the
+`pushes` policy admits it; a relay (`relay=True`, on the bootstrap node) serves the latest push of
+each member to fetchers that name the peer in their HELLO. A HELLO with `pub` gets the public state
+or its updates (`public_views.py`); one with `want` waits for that version (`parked.py`).
 
 Swarm secret: the server demands CURVE with keys derived from the secret, and a ZAP handler admits
 only the derived client key (see `sockets.py`): a peer without the secret can neither read state
@@ -36,10 +36,11 @@ from zmq.utils.monitor import recv_monitor_message
 from p2p_diloco.config import NetworkConfig
 from p2p_diloco.errors import ProtocolError, ProtocolMismatch, TransportError
 from p2p_diloco.exchange import payload, wire
+from p2p_diloco.exchange.parked import ParkedHellos
 from p2p_diloco.exchange.payload import Published
 from p2p_diloco.exchange.public_views import PublicView, PublicViews
 from p2p_diloco.exchange.linkemu import Pacer, link_rate
-from p2p_diloco.exchange.push import NoPushes, Pushed, PushPolicy, PushReceiver, PushRefused, RelayPolicy
+from p2p_diloco.exchange.push import NoPushes, PushPolicy, PushReceiver, PushRefused, RelayPolicy
 from p2p_diloco.exchange.sockets import (
     HANDSHAKE_FAILED, ZAP_DOMAIN, AllowClientKey, RateLimitedLog, swarm_keys, tcp_bind_address
 )
@@ -51,8 +52,6 @@ dropped): with pushes a frame may hold 1 MiB, so this bounds a connection's queu
 BACKLOG_SLACK = 64
 """Replies held for a connection that stopped reading, beyond the protocol's limit, before more are
 dropped (only a client that ignores `busy` gets there)."""
-RELAY_MAX_PEERS = 64
-"""A relay keeps the latest pushed state of at most this many peers (the least recently pushed goes)."""
 
 
 class SnapshotServer:
@@ -62,9 +61,8 @@ class SnapshotServer:
                  announce_host: str | None = None, pushes: PushPolicy | None = None, relay: bool = False) -> None:
         self.config = config or NetworkConfig()
         self.relay = relay
-        self._relayed: dict[str, Published] = {}  # peer id -> its latest pushed snapshot (a relay)
-        policy = RelayPolicy(self._relay_store) if relay else pushes or NoPushes()
-        self._push = PushReceiver(policy, require_hello=not relay, max_state_bytes=self.config.max_state_bytes)
+        self._relay = RelayPolicy() if relay else None
+        self._push = PushReceiver(self._relay or pushes or NoPushes(), require_hello=not relay, max_state_bytes=self.config.max_state_bytes)
         self._ctx = zmq.Context(io_threads=1)
         self._auth: zmq.auth.thread.ThreadAuthenticator | None = None
         self._lock = threading.Lock()
@@ -73,6 +71,7 @@ class SnapshotServer:
         self._snapshots: dict[int, Published] = {}  # sid -> snapshot, oldest first
         self._latest: Published | None = None
         self._public = PublicViews()
+        self._parked = ParkedHellos()  # HELLOs waiting for the version they want (socket thread only)
         self._pacer = Pacer(self.config.latency_ms, link_rate(self.config.bandwidth_mbps, self.config.max_upload_mbps))
         self._stats = {"requests": 0, "manifests_served": 0, "chunks_served": 0, "bytes_sent": 0,
                        "payload_bytes_sent": 0, "auth_refused": 0, "rejected": {}}
@@ -145,6 +144,7 @@ class SnapshotServer:
             recent = sum(n for t, n in self._sent_log if now - t <= 2.0)
         out["upload_bytes_per_s"] = recent / 2.0
         out["version"] = self._latest.manifest.version if self._latest else None
+        out["hellos_waiting"] = len(self._parked)
         out.update(self._push.stats)
         return out
 
@@ -152,6 +152,11 @@ class SnapshotServer:
         """The snapshot served now and its payload bytes (what this island pushes to a partner), or None."""
         snap = self._latest
         return None if snap is None else (snap.manifest, snap.view)
+
+    @property
+    def _relayed(self) -> dict[str, Published]:
+        """A relay's latest pushed snapshot of each peer, by peer id (none on an island's server)."""
+        return {} if self._relay is None else self._relay.states
 
     def relayed(self) -> dict[str, int]:
         """A relay's held states: peer id -> version."""
@@ -209,6 +214,9 @@ class SnapshotServer:
                             log.exception("error while handling a request; still serving")
                 if self._monitor in events:
                     self._drain_monitor()
+                if len(self._parked):
+                    for ident, req, peer in self._parked.due(self._version_for, time.monotonic()):
+                        self._answer_hello(ident, req, peer)
                 if self._backlog:
                     self._flush_backlog()
                 if len(self._pacer):
@@ -335,17 +343,23 @@ class SnapshotServer:
         if reply is not None:
             self._reply(ident, reply, charge)
 
-    def _relay_store(self, peer: str, pushed: Pushed) -> None:
-        """A relay keeps each peer's latest pushed state, as it arrived, to serve it on."""
-        relayed = dict(self._relayed)
-        relayed.pop(peer, None)
-        relayed[peer] = Published.of(pushed.manifest, pushed.raw)
-        while len(relayed) > RELAY_MAX_PEERS:
-            relayed.pop(next(iter(relayed)))
-        self._relayed = relayed
-
     def _hello(self, ident: bytes, req: wire.Hello, peer: str) -> None:
-        self._push.saw_hello(ident, time.monotonic())
+        now = time.monotonic()
+        self._push.saw_hello(ident, now)
+        waits = req.want is not None and req.wait_ms > 0 and (version := self._version_for(req)) < req.want
+        answer_now = self._parked.park(ident, req, peer, now) if waits else [(ident, req, peer)]
+        if waits and (ident, req, peer) not in answer_now:
+            self._reply(ident, wire.Waiting(rid=req.rid, version=version))
+        for held in answer_now:  # (what cannot wait, and a connection's older HELLO)
+            self._answer_hello(*held)
+
+    def _version_for(self, req: wire.Hello) -> int:
+        """The version a HELLO would be answered with now (-1: nothing published)."""
+        public = self._public.outer_version if req.pub and req.peer is None else None
+        snap = self._latest if req.peer is None else self._relayed.get(req.peer)
+        return public if public is not None else snap.manifest.version if snap else -1
+
+    def _answer_hello(self, ident: bytes, req: wire.Hello, peer: str) -> None:
         if req.pub and req.peer is None:
             snap = self._public.answer(req) or self._latest  # (an island that sends whole states only: its state)
         else:

@@ -24,6 +24,9 @@ from p2p_diloco.exchange.manifest import (  # noqa: F401  (re-exported: the prot
     MiB, TensorSpec, align_up, check_meta, choose_block, int_field, manifest_from_wire, manifest_to_wire, typed_field
 )
 
+MAX_WAIT_MS = 60_000
+"""The longest a `hello.want` may ask the server to hold its answer (1.1)."""
+
 PROTOCOL_VERSION = (1, 1)
 """(major, minor): a different major is refused; a newer minor may add optional fields and messages
 (1.1: `push`/`put` from a client that cannot be dialled, answered by `grant`/`stored`; `hello.peer`
@@ -41,6 +44,8 @@ class Hello:
     pub: bool = False  # 1.1: the public state's updates instead of the state (`core.public`)
     chain: str | None = None  # 1.1, with `pub`: the chain of the public state the client holds ...
     since: int | None = None  # ... and its version there: send the updates since then
+    want: int | None = None  # 1.1: answer once the server has published this version ...
+    wait_ms: int = 0  # ... or after this many ms (at most MAX_WAIT_MS), whichever comes first
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,15 @@ class ManifestReply:
 
 
 @dataclass(frozen=True)
+class Waiting:
+    """Server -> client (1.1), at once for a HELLO with `want` that it holds: "alive, and waiting
+    until I publish that version"; the manifest follows then, or when `wait_ms` is over."""
+
+    rid: int
+    version: int  # the version the server has published now (-1: none yet)
+
+
+@dataclass(frozen=True)
 class ChunkReply:
     rid: int
     sid: int
@@ -114,7 +128,7 @@ class ErrorReply:
 
 
 Request = Hello | GetChunk | PushOffer | PushPut
-Reply = ManifestReply | ChunkReply | PushGrant | PushStored | ErrorReply
+Reply = ManifestReply | Waiting | ChunkReply | PushGrant | PushStored | ErrorReply
 
 
 def prefetch_plan(total: int, block: int, prefetch: int, chunk: int) -> list[tuple[int, int]]:
@@ -152,6 +166,8 @@ def encode(msg: Request | Reply) -> list[Any]:
             extra["pub"] = True
             if msg.chain is not None:
                 extra.update(chain=msg.chain, since=msg.since)
+        if msg.want is not None:
+            extra.update(want=msg.want, wait_ms=msg.wait_ms)
         return [_header("hello", rid=msg.rid, prefetch=msg.prefetch, chunk=msg.chunk, **extra)]
     if isinstance(msg, GetChunk):
         return [_header("get", rid=msg.rid, sid=msg.sid, off=msg.offset, len=msg.length)]
@@ -165,6 +181,8 @@ def encode(msg: Request | Reply) -> list[Any]:
         return [_header("stored", rid=msg.rid, sid=msg.sid)]
     if isinstance(msg, ManifestReply):
         return [_header("manifest", rid=msg.rid, manifest=manifest_to_wire(msg.manifest))]
+    if isinstance(msg, Waiting):
+        return [_header("wait", rid=msg.rid, version=msg.version)]
     if isinstance(msg, ChunkReply):
         return [_header("chunk", rid=msg.rid, sid=msg.sid, off=msg.offset, len=msg.length), msg.payload]
     if isinstance(msg, ErrorReply):
@@ -248,7 +266,10 @@ def _request(t: str, rid: int, d: dict[str, Any], frames: Sequence[Any]) -> Requ
         if chain is not None and not (pub and isinstance(chain, str) and 0 < len(chain) <= MAX_META_KEY):
             raise ProtocolError(f"hello: chain must be a str of 1..{MAX_META_KEY} characters, with pub, or absent")
         since = None if chain is None else int_field(d, "since", "hello", 0, MAX_INT)
-        return Hello(rid=rid, prefetch=prefetch, chunk=chunk, peer=peer, pub=pub, chain=chain, since=since)
+        want = None if d.get("want") is None else int_field(d, "want", "hello", 0, MAX_INT)
+        wait_ms = 0 if want is None else int_field(d, "wait_ms", "hello", 0, MAX_WAIT_MS)
+        return Hello(rid=rid, prefetch=prefetch, chunk=chunk, peer=peer, pub=pub, chain=chain, since=since,
+                     want=want, wait_ms=wait_ms)
     if t == "get":
         return GetChunk(rid=rid, sid=int_field(d, "sid", "get", 1), offset=int_field(d, "off", "get", 0, 2**50),
                         length=int_field(d, "len", "get", 1, MAX_CHUNK))
@@ -285,6 +306,8 @@ def decode_reply(frames: Sequence[Any]) -> Reply:
             raise ProtocolError(f"chunk payload is {payload.nbytes} bytes, header says {length}")
         return ChunkReply(rid=rid, sid=int_field(d, "sid", "chunk", 1), offset=int_field(d, "off", "chunk", 0, 2**50),
                           length=length, payload=payload)
+    if t == "wait":
+        return Waiting(rid=rid, version=int_field(d, "version", "wait", -1, MAX_INT))
     if t == "grant":
         return PushGrant(rid=rid, sid=int_field(d, "sid", "grant", 1), upto=int_field(d, "upto", "grant", 0, 2**50))
     if t == "stored":

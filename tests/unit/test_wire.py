@@ -25,14 +25,16 @@ def _pack(d) -> bytes:
 def test_every_message_round_trips_and_carries_the_version():
     m = _manifest()
     requests = [wire.Hello(rid=1), wire.Hello(rid=2, prefetch=1 << 20, chunk=wire.MIN_CHUNK),
-                wire.GetChunk(rid=3, sid=m.sid, offset=0, length=4000)]
+                wire.GetChunk(rid=3, sid=m.sid, offset=0, length=4000),
+                wire.Hello(rid=4, pub=True, chain="c1", since=3, want=5, wait_ms=wire.MAX_WAIT_MS)]
     for msg in requests:
         frames = wire.encode(msg)
         assert msgpack.unpackb(frames[0])["v"] == list(wire.PROTOCOL_VERSION)
         assert wire.decode_request(frames) == msg
     body = bytes(range(256)) * 4
     replies = [wire.ManifestReply(rid=1, manifest=m), wire.ErrorReply(rid=2, code="gone", message="x", version=9),
-               wire.ChunkReply(rid=3, sid=m.sid, offset=0, length=len(body), payload=body)]
+               wire.ChunkReply(rid=3, sid=m.sid, offset=0, length=len(body), payload=body),
+               wire.Waiting(rid=4, version=-1)]
     for msg in replies:
         frames = wire.encode(msg)
         assert msgpack.unpackb(frames[0])["v"] == list(wire.PROTOCOL_VERSION)
@@ -77,6 +79,10 @@ def test_newer_minor_version_with_extra_fields_is_accepted():
     ([_pack({"v": [1, 0], "t": "get", "rid": 1, "sid": 5, "off": 0, "len": wire.MAX_CHUNK + 1})], "outside"),
     ([_pack({"v": [1, 0], "t": "get", "rid": 1, "sid": 5, "off": 0, "len": "x"})], "type str"),
     ([b"\x00" * (wire.MAX_REQUEST_BYTES + 1)], "exceeds"),
+    ([_pack({"v": [1, 1], "t": "hello", "rid": 1, "prefetch": 0, "chunk": 0, "want": 3})], "missing field 'wait_ms'"),
+    ([_pack({"v": [1, 1], "t": "hello", "rid": 1, "prefetch": 0, "chunk": 0, "want": 3,
+             "wait_ms": wire.MAX_WAIT_MS + 1})], "outside"),
+    ([_pack({"v": [1, 1], "t": "hello", "rid": 1, "prefetch": 0, "chunk": 0, "want": -1, "wait_ms": 5})], "outside"),
 ])
 def test_bad_requests_are_rejected_with_a_reason(frames, match):
     with pytest.raises(ProtocolError, match=match):
