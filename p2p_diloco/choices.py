@@ -12,8 +12,9 @@ MIX_TIMES = ("arrival", "round-end")
 EXCHANGES = ("state", "updates")
 WIRE_UPDATE_CODECS = ("sign", "int4")
 """Codecs a public state's updates travel in (`p2p_diloco.core.public`)."""
-UPDATE_CODECS = (*WIRE_UPDATE_CODECS, "topk")
-"""Codecs of public-state updates: `topk` is simulated only (`p2p_diloco.core.compress`)."""
+UPDATE_CODECS = (*WIRE_UPDATE_CODECS, "topk", "lowrank")
+"""Codecs of public-state updates: `topk` and `lowrank` are simulated only (`p2p_diloco.core.compress`,
+`p2p_diloco.sim.lowrank`)."""
 CODECS = ("fp32", "bf16", "fp16", "int8", "int4")
 """Payload codecs of exchanged state (`p2p_diloco.core.codecs` implements them)."""
 WIRE_CODECS = (*CODECS, "sign")

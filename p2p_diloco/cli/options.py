@@ -112,7 +112,7 @@ def diloco_options(f: Callable) -> Callable:
                      help="Send the whole state each round, or compressed updates of a public state (error "
                           "feedback; the ring of peer ids picks partners; momentum stays local).")(f)
     f = click.option("--update-codec", type=click.Choice(UPDATE_CODECS), default=D.update_codec, show_default=True,
-                     help="Codec of the updates with --exchange updates (topk: simulated only).")(f)
+                     help="Codec of the updates with --exchange updates (topk, lowrank: simulated only).")(f)
     return f
 
 

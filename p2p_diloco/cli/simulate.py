@@ -30,7 +30,7 @@ S = SimConfig
 @codec_option(S.compression)
 @click.option("--partners", type=click.Choice(PARTNER_SCHEDULES), default=S.partners, show_default=True,
               help="Whom a gossip island fetches: a shift drawn per round, the next island, or 1, 2, 4, ... apart.")
-@click.option("--update-k", type=int, default=S.update_k, show_default=True, help="Values kept of each 4096 by topk.")
+@click.option("--update-k", type=int, default=S.update_k, show_default=True, help="Values kept of each 4096 by topk; the rank of lowrank.")
 @click.option("--update-keep", type=int, default=S.update_keep, show_default=True,
               help="Updates a sender keeps for receivers behind.")
 @click.option("--update-mixing", type=click.Choice(UPDATE_MIXINGS), default=S.update_mixing, show_default=True,

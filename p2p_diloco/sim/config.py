@@ -44,7 +44,7 @@ class SimConfig:
     partners: str = "permutation"
     """One of `PARTNER_SCHEDULES`."""
     update_k: int = 64
-    """Values kept per 4096 by `topk`."""
+    """Values kept per 4096 by `topk`; the rank of `lowrank`."""
     update_keep: int = 0
     """Updates a sender keeps; a receiver further behind fetches the public state whole (fp32). 0: as
     many as an island keeps (`core.public.worth_keeping`; 64 for `topk`)."""

@@ -26,9 +26,11 @@ import torch
 
 from p2p_diloco.core import codecs, compress
 from p2p_diloco.core.outer import PartnerState
+from p2p_diloco.core.params import trainable_parameters
 from p2p_diloco.core.public import INIT, encode_update, worth_keeping
 from p2p_diloco.exchange.cost import CHAIN, public_fetch_wire_bytes
 from p2p_diloco.sim.gossip import GossipRun
+from p2p_diloco.sim.lowrank import LowRankEncoder
 
 MESSAGE_OVERHEAD = 256
 """Bytes of headers, manifest and digests around one message's payload (measured on the wire: a
@@ -46,9 +48,11 @@ class PublicStates:
     """Every island's public state and what each receiver holds of each sender's (see the module docstring)."""
 
     def __init__(self, initial: list[torch.Tensor], kind: str = "topk", k: int = 64, keep: int = 0,
-                 mixing: str = "choco") -> None:
-        """`keep`: updates a sender keeps (0: as many as an island keeps, `core.public.worth_keeping`)."""
+                 mixing: str = "choco", shapes: list[torch.Size] | None = None) -> None:
+        """`keep`: updates a sender keeps (0: as many as an island keeps, `core.public.worth_keeping`);
+        `k`: the values kept per block (`topk`) or the rank (`lowrank`, which needs the parameters' `shapes`)."""
         assert mixing in ("pub", "choco"), mixing
+        self.low_rank = [LowRankEncoder(shapes, k, seed=i) for i in range(len(initial))] if kind == "lowrank" else None
         numel = initial[0].numel()
         keep = keep or (worth_keeping(numel, kind) if kind in codecs.BLOCK_CODECS else 64)
         self.kind, self.k, self.keep, self.mixing = kind, k, keep, mixing
@@ -66,6 +70,9 @@ class PublicStates:
             update = encode_update(s.public, anchor, self.kind)
             s.public += update.float()
             nbytes = update.buf.numel()
+        elif self.low_rank is not None:
+            update, nbytes = self.low_rank[i].encode(anchor - s.public)
+            s.public += update
         else:
             update = compress.encode(anchor - s.public, self.kind, self.k)
             compress.decode_add(s.public, update)
@@ -108,7 +115,8 @@ class UpdatesGossipRun(GossipRun):
         super().__init__(simulation)
         sim = self.sim
         self.public = PublicStates([isl.state.phi for isl in self.islands], self.dl.update_codec, sim.update_k,
-                                   sim.update_keep, sim.update_mixing)
+                                   sim.update_keep, sim.update_mixing,
+                                   shapes=[p.shape for p in trainable_parameters(self.islands[0].model)])
         self.fetched: list[torch.Tensor | None] = [None] * sim.islands  # the public state each fetched this round
 
     def _fetch(self, i: int, j: int) -> tuple[PartnerState, int]:

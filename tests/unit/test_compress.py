@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from p2p_diloco.core import compress
+from p2p_diloco.core import codecs, compress
 from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.sim.public import MESSAGE_OVERHEAD, PublicStates
 
@@ -40,6 +40,22 @@ def test_error_feedback_loses_nothing_over_time():
         pub.publish(0, anchor)
         gaps.append(float((anchor - pub.senders[0].public).norm() / anchor.norm()))
     assert gaps[-1] < 0.05 * gaps[0] and gaps[-1] < 0.05
+
+
+def test_low_rank_updates_carry_a_matrix_in_factors_and_lose_nothing_over_time():
+    shapes = [torch.Size((96, 64)), torch.Size((64,))]
+    g = torch.Generator().manual_seed(0)
+    matrix = torch.randn(96, 3, generator=g) @ torch.randn(3, 64, generator=g) + 0.01 * torch.randn(96, 64, generator=g)
+    anchor = torch.cat([matrix.reshape(-1), torch.randn(64, generator=g)])
+    pub = PublicStates([torch.zeros(anchor.numel())], kind="lowrank", k=4, shapes=shapes)
+    sizes, gaps = [], []
+    for _ in range(20):  # the anchor stays put: the public state must close in on it
+        sizes.append(pub.publish(0, anchor))
+        gaps.append(float((anchor - pub.senders[0].public).norm() / anchor.norm()))
+    assert gaps[0] < 0.2 and gaps[-1] < 0.02
+    factors = 2 * 4 * (96 + 64)  # rank 4, fp16 factors
+    assert sizes[0] == factors + codecs.encoded_nbytes(64, "int4") + MESSAGE_OVERHEAD  # the vector in int4
+    assert factors < codecs.encoded_nbytes(96 * 64, "int4")
 
 
 def test_a_fetch_costs_the_updates_the_receiver_lacks_or_the_whole_state():
