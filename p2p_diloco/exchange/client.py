@@ -17,7 +17,6 @@ Failures raise a `TransportError` subclass and never return a partial state: `Tr
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import time
@@ -151,7 +150,7 @@ class Fetcher:
         self._send(hello)
         m = self._await_manifest(first, timeout, t0)
         if (prior := flowcontrol.remembered(self.endpoint)) is not None:  # a smaller round trip is worth keeping
-            flowcontrol.remember(self.endpoint, dataclasses.replace(prior, rtt_s=min(prior.rtt_s, time.monotonic() - t0)))
+            flowcontrol.remember(self.endpoint, flowcontrol.LinkEstimate(min(prior.rtt_s, time.monotonic() - t0), prior.bytes_per_s))
         return m
 
     def fetch(self, timeout: float | None = None, decode: bool = True, pub: bool = False,
@@ -320,6 +319,7 @@ class Fetcher:
             if not isinstance(reply, wire.Waiting):
                 raise ProtocolError(f"{self.endpoint} answered HELLO with {type(reply).__name__}")
             stall = time.monotonic() + wait_s + timeout  # it holds our HELLO (`want`): the wait, then the timeout
+
     def _wait(self, stall: float, m: wire.Manifest | None, first: int,
               timeout: float) -> wire.ManifestReply | wire.Waiting | wire.ChunkReply:
         """Send what the pacer releases; return the next reply (or raise for an ERROR or silence)."""

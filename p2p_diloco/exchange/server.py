@@ -62,7 +62,8 @@ class SnapshotServer:
         self.config = config or NetworkConfig()
         self.relay = relay
         self._relay = RelayPolicy() if relay else None
-        self._push = PushReceiver(self._relay or pushes or NoPushes(), require_hello=not relay, max_state_bytes=self.config.max_state_bytes)
+        self._push = PushReceiver(self._relay or pushes or NoPushes(), require_hello=not relay,
+                                  max_state_bytes=self.config.max_state_bytes)
         self._ctx = zmq.Context(io_threads=1)
         self._auth: zmq.auth.thread.ThreadAuthenticator | None = None
         self._lock = threading.Lock()
