@@ -7,11 +7,10 @@ on the network; `publish()` swaps in a new snapshot atomically and keeps the pre
 socket (`MAXMSGSIZE`) before it is parsed; a bad one gets an ERROR reply and a logged reason, and
 the server carries on. Payload chunks are zero-copy slices of the snapshot buffer.
 
-The fetching side (DEALER) lives in `client.py`. Protocol 1.1 adds pushes (`push.py`): an island
-that nobody can dial delivers its snapshot over the connection it opened to fetch, taken when the
-`pushes` policy admits it; a relay (`relay=True`, on the bootstrap node) serves the latest push of
-each member to fetchers that name the peer in their HELLO. A HELLO with `pub` gets the public state
-or its updates (`public_views.py`); one with `want` waits for that version (`parked.py`).
+The fetching side (DEALER) is `client.py`. Protocol 1.1 adds pushes (`push.py`) from an island nobody
+can dial, taken when the `pushes` policy admits them; a relay (`relay=True`, on the bootstrap node)
+serves each member's latest push to fetchers that name the peer in their HELLO. A HELLO with `pub`
+gets the public state or its updates (`public_views.py`); one with `want` waits for it (`parked.py`).
 
 Swarm secret: the server demands CURVE with keys derived from the secret, and a ZAP handler admits
 only the derived client key (see `sockets.py`): a peer without the secret can neither read state
@@ -155,8 +154,7 @@ class SnapshotServer:
         return None if snap is None else (snap.manifest, snap.view)
 
     @property
-    def _relayed(self) -> dict[str, Published]:
-        """A relay's latest pushed snapshot of each peer, by peer id (none on an island's server)."""
+    def _relayed(self) -> dict[str, Published]:  # a relay's latest pushed snapshot of each peer, by peer id
         return {} if self._relay is None else self._relay.states
 
     def relayed(self) -> dict[str, int]:
@@ -357,14 +355,16 @@ class SnapshotServer:
     def _version_for(self, req: wire.Hello) -> int:
         """The version a HELLO would be answered with now (-1: nothing published)."""
         public = self._public.outer_version if req.pub and req.peer is None else None
-        snap = self._latest if req.peer is None else self._relayed.get(req.peer)
+        snap = self._state_for(req.peer)
         return public if public is not None else snap.manifest.version if snap else -1
 
+    def _state_for(self, peer: str | None) -> Published | None:
+        """This island's latest snapshot, or the one a relay holds for `peer` (what a HELLO without
+        `pub` gets, and one with `pub` from an island that publishes no public state)."""
+        return self._latest if peer is None else self._relayed.get(peer)
+
     def _answer_hello(self, ident: bytes, req: wire.Hello, peer: str) -> None:
-        if req.pub and req.peer is None:
-            snap = self._public.answer(req) or self._latest  # (an island that sends whole states only: its state)
-        else:
-            snap = self._latest if req.peer is None else self._relayed.get(req.peer)
+        snap = (self._public.answer(req) if req.pub and req.peer is None else None) or self._state_for(req.peer)
         if snap is None:
             what = "nothing published yet" if req.peer is None else f"no state of peer {req.peer[:20]} relayed here"
             self._error(ident, req.rid, "no_snapshot", what, peer)

@@ -45,7 +45,7 @@ class LowRankEncoder:
                 out[offset:offset + n] = (p @ q.T).reshape(-1)
                 nbytes += 2 * self.rank * (shape[0] + shape[1])
             else:
-                out[offset:offset + n] = codecs.decode(codecs.encode(x.contiguous(), "int4"), n, "int4")
+                out[offset:offset + n] = codecs.roundtrip(x.contiguous(), "int4")
                 nbytes += codecs.encoded_nbytes(n, "int4")
             offset += n
         return out, nbytes
