@@ -22,7 +22,7 @@ def main(run_dir: str, rendezvous: str, name: str) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)  # every island starts from the same weights
     model = build_model(ModelConfig(size="gpt2-small"), GPT2_VOCAB)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)  # stateless: the exchange is under test, not the optimizer
     data = torch.Generator().manual_seed(zlib.crc32(name.encode()))
     island_cfg = IslandConfig(run_dir=run_dir, name=name, max_rounds=3, wait_for=2, quiet=True, checkpoint_every=100)
     with p2p_diloco.join(model, optimizer, discovery=DiscoveryConfig(bootstrap=(rendezvous,), discovery="zmq", run_id="big"),
