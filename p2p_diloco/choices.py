@@ -8,7 +8,7 @@ from __future__ import annotations
 
 MOMENTUM_MODES = ("mixed", "local", "mixed-int4", "alternate", "alternate-int4", "same-version",
                   "rescaled", "rescaled-int4", "rescaled-sign", "partner-delta", "noloco")
-MIX_TIMES = ("arrival", "round-end")
+MIX_TIMES = ("start", "arrival", "round-end")
 EXCHANGES = ("state", "updates")
 WIRE_UPDATE_CODECS = ("sign", "int4")
 """Codecs a public state's updates travel in (`p2p_diloco.core.public`)."""

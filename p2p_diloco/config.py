@@ -148,10 +148,15 @@ class DiLoCoConfig:
     staleness_decay: float = 0.5
     """Slope d of the staleness discount 1 - d x - (1-d) x^2, x = lag / (max_staleness+1): smooth to 0."""
     mix_at: str = "arrival"
-    """When a partner state fetched during a round is mixed. `arrival`: as soon as it arrives, into
-    the anchor and the running weights alike, so the rest of the round trains from the mixed point;
-    `round-end`: into the anchor just before the outer step (docs/DESIGN.md, section 2, step 5).
-    Arrival measured better at every outer lr and momentum tried (BENCHMARKS.md)."""
+    """When a partner state fetched during a round is mixed. `arrival` (default): as soon as it
+    arrives, into the anchor and the running weights alike, so the rest of the round trains from the
+    mixed point; `start`: the round's first inner step waits for it, at most one inner step's time,
+    then as `arrival` (lower loss for the same tokens, but the wait costs more than it gains per
+    second unless a fetch takes a small share of a round; BENCHMARKS.md); `round-end`: into the
+    anchor just before the outer step (docs/DESIGN.md, section 2, step 5)."""
+    final_mix: bool = True
+    """When the island's budget is spent, fetch one partner's last state and mix it before the
+    final checkpoint (one more fetch per run; the islands end closer together: BENCHMARKS.md)."""
     mix_pseudo_gradient: bool = False
     """Average the pseudo-gradient with the partner's last one as well (NoLoCo style). Off by default:
     with one round of delay the partner's last one is stale, and mixing it cost 8.7% (BENCHMARKS.md)."""
@@ -182,6 +187,7 @@ class DiLoCoConfig:
                  ">= 1 and >= 0", (self.max_token_ratio, self.max_version_jump))
         _require(0 <= self.staleness_decay <= 1, s, "staleness_decay", "in [0, 1]", self.staleness_decay)
         _require(isinstance(self.offload_outer, bool), s, "offload_outer", "true or false", self.offload_outer)
+        _require(isinstance(self.final_mix, bool), s, "final_mix", "true or false", self.final_mix)
 
 
 _RUN_ID_RE = r"^[A-Za-z0-9_-]{1,64}$"

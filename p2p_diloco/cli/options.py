@@ -101,7 +101,10 @@ def diloco_options(f: Callable) -> Callable:
                      help="How outer momentum travels: in 4 bits, mixed and rescaled (the default), kept local, "
                           "or a variant (docs/DESIGN.md, section 2.2).")(f)
     f = click.option("--mix-at", type=click.Choice(MIX_TIMES), default=D.mix_at, show_default=True,
-                     help="Mix a partner's state as soon as it arrives (anchor and weights), or at the end of the round.")(f)
+                     help="Mix a partner's state before the round's first inner step (which waits for it, at most "
+                          "one step's time), as soon as it arrives (anchor and weights), or at the end of the round.")(f)
+    f = click.option("--final-mix/--no-final-mix", default=D.final_mix, show_default=True,
+                     help="When the budget is spent, mix one partner's last state before the final checkpoint.")(f)
     f = click.option("--mix-weight", type=float, default=D.mix_weight, show_default=True,
                      help="Partner weight at equal tokens and no staleness.")(f)
     f = click.option("--mix-pseudo-gradient/--no-mix-pseudo-gradient", default=D.mix_pseudo_gradient, show_default=True,
@@ -212,7 +215,7 @@ def build_configs(kw: dict) -> tuple[ModelConfig, TrainConfig, DiLoCoConfig]:
                         device=kw.pop("device", T.device), precision=kw.pop("precision", T.precision))
     diloco = DiLoCoConfig(local_steps=kw.pop("local_steps"), outer_lr=kw.pop("outer_lr"),
                           outer_momentum=kw.pop("outer_momentum"), momentum=kw.pop("momentum"),
-                          mix_at=kw.pop("mix_at"), mix_weight=kw.pop("mix_weight"),
+                          mix_at=kw.pop("mix_at"), final_mix=kw.pop("final_mix"), mix_weight=kw.pop("mix_weight"),
                           mix_pseudo_gradient=kw.pop("mix_pseudo_gradient"), max_staleness=kw.pop("max_staleness"),
                           offload_outer=kw.pop("offload_outer", D.offload_outer), exchange=kw.pop("exchange"),
                           update_codec=kw.pop("update_codec"))

@@ -1,10 +1,12 @@
 """The simulator's `gossip` method: asynchronous gossip DiLoCo on a virtual clock.
 
 Each island's round is planned when it starts (`_plan`): how many inner steps fit, when it ends,
-whom it fetches from and after how many steps that state arrives. The clock then jumps from one
-round's end to the next (`run`): the islands whose rounds end at that time train them (`_train`),
-exchange at once if `mix_delay=0` (`_exchange_now`), publish, and plan their next round. Compute
-time is accounted, not slept, so a run depends only on the seed.
+whom it fetches from and after how many steps that state arrives (with `mix_at="start"` the first
+step waits for it, at most one step's time). The clock then jumps from one round's end to the next
+(`run`): the islands whose rounds end at that time train them (`_train`), exchange at once if
+`mix_delay=0` (`_exchange_now`), publish, and plan their next round. With `final_mix`, each island
+mixes one partner's last state when the budget is spent (`_final_mix`). Compute time is accounted,
+not slept, so a run depends only on the seed.
 
 Partners: one shift per round index, `j = i + shift (mod K)`, drawn from the round number, so
 while the islands are in step each round's choice is a permutation (every island serves one
@@ -48,7 +50,9 @@ class GossipRun:
     def _online(self, j: int, t: float) -> bool:
         return not (self.plans[j].get("offline") and t < self.plans[j]["end"])
 
-    def _choose(self, i: int, t: float) -> int | None:
+    def _choose(self, i: int, t: float, final: bool = False) -> int | None:
+        """Island i's partner for its next round (`final`: for the final mix, when every island is
+        done and still serves its last state)."""
         K, r = self.sim.islands, self.rounds[i]
         if self.sim.partners == "ring":  # always the next island: a receiver is never more than one update behind
             shift = 1
@@ -58,7 +62,7 @@ class GossipRun:
         else:
             shift = 1 + random.Random(self.sim.seed * PARTNER_SEED_STRIDE + r).randrange(K - 1)
         j = (i + shift) % K
-        if self._online(j, t):
+        if final or self._online(j, t):
             return j
         others = [o for o in range(K) if o != i and self._online(o, t)]
         return self.rng.choice(others) if others else None
@@ -81,10 +85,12 @@ class GossipRun:
             p["partner"], nbytes = self._fetch(i, j)
             fetch_s = self.s.link_seconds(nbytes, hops=2)
             self.sent[j] += nbytes
-            self.idle[i] += max(0.0, fetch_s - p["busy"])
-            p["end"] = t + max(p["busy"], fetch_s)
-            if self.dl.mix_at == "arrival":  # mixed between the inner steps it arrives between
-                p["arrives_after"] = min(steps, math.ceil(fetch_s / dt - 1e-9))
+            wait = min(fetch_s, dt) if self.dl.mix_at == "start" else 0.0  # the first step waits, at most a step
+            rest = fetch_s - wait  # what is left of the fetch once the inner steps run
+            self.idle[i] += wait + max(0.0, rest - p["busy"])
+            p["end"] = t + wait + max(p["busy"], rest)
+            if self.dl.mix_at != "round-end":  # mixed between the inner steps it arrives between (0: before the first)
+                p["arrives_after"] = min(steps, math.ceil(rest / dt - 1e-9))
         self.plans[i] = p
 
     def _fetch(self, i: int, j: int) -> tuple[PartnerState, int]:
@@ -129,6 +135,21 @@ class GossipRun:
                 longest = max(longest, fetch_s)
         return t + longest
 
+    def _final_mix(self) -> float:
+        """`final_mix`: the budget spent, every island fetches its next partner's last published state
+        and mixes it (all from the states as they were published); returns the longest fetch's time."""
+        longest = 0.0
+        for i, isl in enumerate(self.islands):
+            if (j := self._choose(i, math.inf, final=True)) is None or self.published[j].tokens == 0:
+                continue
+            partner, nbytes = self._fetch(i, j)
+            fetch_s = self.s.link_seconds(nbytes, hops=2)
+            self.sent[j] += nbytes
+            self.idle[i] += fetch_s
+            longest = max(longest, fetch_s)
+            isl.mix_arrived(self._arrived(i, partner))
+        return longest
+
     def run(self) -> MethodResult:
         sim, K = self.sim, self.sim.islands
         for i in range(K):
@@ -151,5 +172,7 @@ class GossipRun:
                             self.islands[trained[0]].last_loss if trained else None)
             for i in group:
                 self._plan(i, next_t)
+        if self.dl.final_mix and sim.mix_delay == 1:
+            t_end += self._final_mix()
         util = sum(self.busy) / max(1e-9, sum(self.busy) + sum(self.idle))
         return self.s.result(self.islands, self.tokens, sum(self.sent) / K, t_end, util)

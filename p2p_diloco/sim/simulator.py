@@ -4,9 +4,11 @@ Three methods share the data, the initial weights and the token (or time) budget
 
 - `gossip`: asynchronous gossip DiLoCo. An island fetches one partner's published state when a
   round starts (the fetch overlaps its inner steps, `mix_delay=1`, as in the real swarm) and
-  mixes it between the inner steps it arrives between (`mix_at="arrival"`) or when the round
+  mixes it before the first inner step, which waits for it at most one step's time
+  (`mix_at="start"`), between the inner steps it arrives between (`"arrival"`) or when the round
   ends (`"round-end"`); with `mix_delay=0` it instead fetches the partner's state published at
-  the end of the same round, waiting for the transfer.
+  the end of the same round, waiting for the transfer. With `final_mix`, each island mixes one
+  partner's last state when the budget is spent.
 - `allreduce`: synchronous DiLoCo. Every round all islands average their pseudo-gradients; the
   round lasts as long as the slowest island plus a ring all-reduce.
 - `dp`: data parallel with a K-times batch every step (one gradient all-reduce per step).

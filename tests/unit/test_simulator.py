@@ -91,8 +91,9 @@ def test_cli_json_shape():
 
 def test_step_seconds_sets_where_in_a_round_a_partner_state_arrives(corpus):
     """A 0.2 s fetch lands after the first of 5 steps of 0.35 s, only at the round end with 0.05 s steps."""
-    slow, fast = run(corpus, "gossip", step_seconds=0.35), run(corpus, "gossip", step_seconds=0.05)
-    at_end = run(corpus, "gossip", DiLoCoConfig(local_steps=5, mix_at="round-end"), step_seconds=0.35)
+    arrival = DiLoCoConfig(local_steps=5, mix_at="arrival", final_mix=False)
+    slow, fast = run(corpus, "gossip", arrival, step_seconds=0.35), run(corpus, "gossip", arrival, step_seconds=0.05)
+    at_end = run(corpus, "gossip", DiLoCoConfig(local_steps=5, mix_at="round-end", final_mix=False), step_seconds=0.35)
     assert fast.as_dict() | {"virtual_seconds": 0} == at_end.as_dict() | {"virtual_seconds": 0}  # mixed at the round end
     # mixed after the first step, the partner's state trains on with the island: a lower loss (by 0.0012 at
     # seed 0; 0.0025-0.008 at seeds 1-3)
@@ -101,6 +102,28 @@ def test_step_seconds_sets_where_in_a_round_a_partner_state_arrives(corpus):
     assert (slow.virtual_seconds, fast.virtual_seconds) == pytest.approx((4 * 5 * 0.35, 4 * 5 * 0.05))
     res = CliRunner().invoke(main, ["simulate", "--step-seconds", "0", "--tokens", "100"])
     assert res.exit_code != 0 and "simulate.step_seconds" in res.output
+
+
+def test_mix_at_start_waits_at_most_one_step_for_the_partner(corpus):
+    """`mix_at="start"`: the first step of a round waits for the partner's state (mixed before any
+    step), at most one step's time; the rounds with a fetch (all but the first) take that much longer."""
+    start = DiLoCoConfig(local_steps=5, mix_at="start", final_mix=False)
+    arrival = DiLoCoConfig(local_steps=5, mix_at="arrival", final_mix=False)
+    sim = Simulation(SimConfig(), SMALL, TRAIN, start, corpus)
+    for step_s in (0.35, 0.05):
+        waited, mixed_late = run(corpus, "gossip", start, step_seconds=step_s), run(corpus, "gossip", arrival, step_seconds=step_s)
+        fetch_s = sim.link_seconds(waited.bytes_sent_per_island / 3, hops=2)  # 3 fetches served by each island
+        wait = min(fetch_s, step_s)  # at most one step: with 0.05 s steps the state still lands mid-round
+        assert waited.virtual_seconds == pytest.approx(4 * 5 * step_s + 3 * wait)
+        assert waited.utilization == pytest.approx(4 * 5 * step_s / (4 * 5 * step_s + 3 * wait))
+        assert waited.bytes_sent_per_island == mixed_late.bytes_sent_per_island
+        assert waited.eval_loss != mixed_late.eval_loss  # the same state, mixed before the first step
+
+
+def test_final_mix_costs_one_fetch_per_island(corpus):
+    with_final, without = (run(corpus, "gossip", DiLoCoConfig(local_steps=5, final_mix=f)) for f in (True, False))
+    assert with_final.bytes_sent_per_island * 3 == without.bytes_sent_per_island * 4  # 3 fetches each, then a 4th
+    assert with_final.tokens == without.tokens and with_final.eval_loss != without.eval_loss
 
 
 def test_cli_bad_value_is_a_readable_error():
