@@ -9,7 +9,8 @@ resume). At every `step()` rank 0 broadcasts one command, and the ranks act on i
 - `CARRY_ON`: nothing changed;
 - `SYNC`: rank 0's weights changed; every rank receives them (a broadcast per parameter);
 - `NEW_ROUND`: a round ended (the outer step's new anchor): `SYNC`, and every rank counts the round;
-- `STOP`: the island is done; `done` turns True on every rank at the same step.
+- `STOP`: the island is done; `SYNC` (a final mix may have changed the weights), and `done`
+  turns True on every rank at the same step.
 
 So the ranks never drift apart, whatever ends a round early, and no rank but 0 holds an anchor.
 NCCL islands keep the command on the rank's GPU (NCCL only moves device tensors); gloo on the host.
@@ -121,11 +122,10 @@ class RankFollower:
 
     def _follow(self) -> None:
         cmd = self.group.receive()
-        if cmd in (SYNC, NEW_ROUND):
+        if cmd in (SYNC, NEW_ROUND, STOP):
             self.group.sync_weights(self.params)
             self.round += cmd == NEW_ROUND
-        elif cmd == STOP:
-            self.done = True
+            self.done = cmd == STOP
         elif cmd != CARRY_ON:
             raise RuntimeError(f"unknown island command {cmd}")
 

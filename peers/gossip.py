@@ -71,6 +71,8 @@ class GossipWorker:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._result: FetchResult | None = None
+        self._finished = threading.Event()
+        """Set while a finished fetch waits to be taken (`wait_result`)."""
         self._closed = False
 
     @property
@@ -119,6 +121,7 @@ class GossipWorker:
                     self._result = FetchResult(partner.peer_id, snap, None, snap.seconds, snap.wire_bytes,
                                                waited_s=time.monotonic() - started - snap.seconds,
                                                distance=distance, public=copy)
+                    self._finished.set()
                 handed = True
                 if not via_relay:
                     self._push(fetcher)
@@ -134,6 +137,7 @@ class GossipWorker:
             result = FetchResult(partner.peer_id, None, f"{type(e).__name__}: {e}", time.monotonic() - started, 0)
         with self._lock:
             self._result = result
+            self._finished.set()
 
     def push_to_relay(self) -> None:
         """An outbound-only island with a relay: deliver the state just published there, in the
@@ -214,10 +218,15 @@ class GossipWorker:
             log.debug("could not measure the state from %s: %s", snap.endpoint, e)
             return None
 
+    def wait_result(self, timeout: float) -> bool:
+        """Wait until a finished fetch waits to be taken, at most `timeout` seconds; True if one does."""
+        return self._finished.wait(max(0.0, timeout))
+
     def take(self) -> FetchResult | None:
         """The finished fetch, if any (each result is handed out once)."""
         with self._lock:
             result, self._result = self._result, None
+            self._finished.clear()
         return result
 
     def close(self, timeout: float = 2.0) -> None:

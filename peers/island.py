@@ -231,11 +231,16 @@ class SwarmIsland(RoundsMixin):
             rnd.last_announce = now
         ended = self._round_over(rnd)
         if ended:
+            step_s = rnd.compute_s / max(1, self.outer.round_steps)
             self._end_round(rnd)
             self.done = self._budget_spent()
             self._rnd = rnd = Round.begin(self, rnd.compute_s)
+            if self.done and self.diloco.final_mix and not self._stop_asked:
+                self._final_mix(rnd)
         if not self.done:
             self._keep_fetching(rnd)
+            if ended and self.diloco.mix_at == "start":
+                self._await_partner(rnd, step_s)
             rnd.arrived = rnd.arrived or self._mix_if_arrived(rnd)
             self._mix_pushed(rnd)
             self._adopt_caught_up()
@@ -248,7 +253,7 @@ class SwarmIsland(RoundsMixin):
         if self.group is None or self._stop_sent:
             return
         self.group.send(cmd)
-        if cmd in (SYNC, NEW_ROUND):
+        if cmd in (SYNC, NEW_ROUND, STOP):
             self.group.sync_weights(self.outer.slices.params)
         self._stop_sent = cmd == STOP
 

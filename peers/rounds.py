@@ -26,6 +26,10 @@ FRESH_RECORD_S = 3 * ANNOUNCE_EVERY_S
 """Pacing counts only records younger than this: a dead island's record lingers until it expires."""
 RETRY_PARTNER_S = 0.5
 """How often a round that found no partner at its start looks again (one may have published since)."""
+FINAL_MIX_WAIT_S = 5.0
+"""The final mix waits at least this long for a partner in step with this island (`_final_mix`)."""
+RETRY_FINAL_S = 0.1
+"""How often the final mix looks for such a partner, and a lingering island for members behind."""
 
 
 @dataclass
@@ -177,13 +181,59 @@ class RoundsMixin:
         info["refused"] = why
         return [], info
 
-    def _mix_if_arrived(self, rnd: Round) -> dict | None:
-        """Between inner steps (`mix_at=arrival`): mix a partner state the moment its fetch is done.
+    def _await_partner(self, rnd: Round, limit_s: float) -> None:
+        """`mix_at="start"`, as a round starts: hold the first inner step until the partner's state
+        has arrived (`_mix_if_arrived` then mixes it before any step), at most `limit_s`, one inner
+        step's time: the whole round then trains from the mixed point, for the price of the wait
+        (BENCHMARKS.md, "When a partner's state is mixed")."""
+        if rnd.fetching:
+            self.gossip.wait_result(limit_s)
+
+    def _final_mix(self, rnd: Round) -> None:
+        """`final_mix`, the budget spent: fetch one partner's last state and mix it into the anchor and
+        the model before the final checkpoint, then serve on while a member in its last round may
+        still want ours (`_linger`).
+
+        For `FINAL_MIX_WAIT_S` (or the round's own wait, if longer) only a partner at this island's
+        version or one behind is fetched, and the fetch waits for it to publish this version, as a
+        round's start does (discovery may show a partner's last versions a second late); then any
+        partner. A lone island skips it. At most `FINAL_MIX_WAIT_S` plus the fetch timeout."""
+        deadline = max(rnd.fresh_until, time.monotonic() + FINAL_MIX_WAIT_S)
+        while not (rnd.fetching or self._stop_asked or time.monotonic() >= deadline or self._alone()):
+            rnd.fetching = self._start_fetch(deadline)
+            if not rnd.fetching:
+                time.sleep(RETRY_FINAL_S)
+        if not (rnd.fetching or self._stop_asked or self._alone()):
+            rnd.fetching = self._start_fetch()
+        end = deadline + self.network.fetch_timeout_s
+        while rnd.fetching and not (self._stop_asked or self.gossip.wait_result(RETRY_FINAL_S)) and time.monotonic() < end:
+            pass  # (in slices, so that a stop is not held up by a slow fetch)
+        info = self._mix_if_arrived(rnd, final=True)
+        if info is not None:
+            log.info("%s: final mix with %s at weight %.3f", self.name, info["partner"][:8], info["weight"])
+            self.metrics.write({"final_mix": info})
+        self._linger(deadline)
+
+    def _alone(self) -> bool:
+        return not any(r.state == "training" for pid, r in self.membership.members().items() if pid != self.peer_id)
+
+    def _linger(self, until: float) -> None:
+        """Serve this island's last state until `until` while a member one version behind (most likely
+        in its last round) may still fetch it for its own final mix."""
+        v = self.outer.state.version
+        while time.monotonic() < until and not self._stop_asked and any(
+                r.state == "training" and r.version == v - 1 for pid, r in self.membership.members().items()
+                if pid != self.peer_id):
+            time.sleep(RETRY_FINAL_S)
+
+    def _mix_if_arrived(self, rnd: Round, final: bool = False) -> dict | None:
+        """Between inner steps (`mix_at` `start` or `arrival`; `final`: the final mix): mix a partner
+        state the moment its fetch is done.
 
         The anchor and the running weights move together, so the rest of the round trains from the
         mixed point. Returns the exchange's figures, or None while nothing has arrived.
         """
-        if self.diloco.mix_at != "arrival" or not self.gossip.has_result:  # (it may still be pushing ours)
+        if (self.diloco.mix_at == "round-end" and not final) or not self.gossip.has_result:  # (it may still be pushing ours)
             return None
         partners, info = self._take_partner()
         if info["partner"] is None:
@@ -213,7 +263,7 @@ class RoundsMixin:
     def _mix_pushed(self, rnd: Round, at_end: bool = False) -> None:
         """Mix a state an outbound-only member pushed to us (`peers.reach`): between inner steps when
         mixing on arrival, else (and for one that arrived after the last step) at the round's end."""
-        if not self.inbox.has_result or (self.diloco.mix_at != "arrival" and not at_end):
+        if not self.inbox.has_result or (self.diloco.mix_at == "round-end" and not at_end):
             return
         result = self.inbox.take()
         partners, info = self._take_partner(result)

@@ -72,6 +72,19 @@ def test_waits_for_the_partner_to_publish_the_version_asked_for(server):
     assert result.seconds < 1.0  # the transfer alone, so the partner's link rate is not blamed for the wait
 
 
+def test_wait_result_returns_the_moment_a_fetch_lands(server):
+    """What a round's start waits on (`mix_at="start"`): no polling, and nothing to wait for once taken."""
+    _publish(server, 3)
+    worker = GossipWorker(NET, timeout_s=5.0)
+    assert not worker.wait_result(0.05)  # nothing runs
+    assert worker.start(_record(server, 3), min_version=4, wait_until=time.monotonic() + 5.0)
+    assert not worker.wait_result(0.2)  # held at the server until version 4 exists
+    _publish(server, 4)
+    assert worker.wait_result(5.0) and worker.take().snapshot.version == 4
+    assert not worker.wait_result(0.0)
+    worker.close()
+
+
 def test_takes_what_the_partner_has_when_the_wait_ends(server):
     _publish(server, 3)
     worker = GossipWorker(NET, timeout_s=5.0)
