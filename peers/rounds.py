@@ -28,6 +28,8 @@ RETRY_PARTNER_S = 0.5
 """How often a round that found no partner at its start looks again (one may have published since)."""
 FINAL_MIX_WAIT_S = 5.0
 """The final mix waits at least this long for a partner in step with this island (`_final_mix`)."""
+LINGER_GRACE_S = 1.0
+"""After the final mix an island serves on this long after the last member behind it caught up."""
 RETRY_FINAL_S = 0.1
 """How often the final mix looks for such a partner, and a lingering island for members behind."""
 
@@ -206,24 +208,31 @@ class RoundsMixin:
         if not (rnd.fetching or self._stop_asked or self._alone()):
             rnd.fetching = self._start_fetch()
         end = deadline + self.network.fetch_timeout_s
-        while rnd.fetching and not (self._stop_asked or self.gossip.wait_result(RETRY_FINAL_S)) and time.monotonic() < end:
-            pass  # (in slices, so that a stop is not held up by a slow fetch)
+        while rnd.fetching and not self._stop_asked and time.monotonic() < end:
+            if self.gossip.wait_result(RETRY_FINAL_S):  # (in slices: a stop is not held up by a slow fetch)
+                break
         info = self._mix_if_arrived(rnd, final=True)
         if info is not None:
             log.info("%s: final mix with %s at weight %.3f", self.name, info["partner"][:8], info["weight"])
             self.metrics.write({"final_mix": info})
         self._linger(deadline)
 
+    def _others_training(self) -> list:
+        return [r for pid, r in self.membership.members().items() if pid != self.peer_id and r.state == "training"]
+
     def _alone(self) -> bool:
-        return not any(r.state == "training" for pid, r in self.membership.members().items() if pid != self.peer_id)
+        return not self._others_training()
 
     def _linger(self, until: float) -> None:
-        """Serve this island's last state until `until` while a member one version behind (most likely
-        in its last round) may still fetch it for its own final mix."""
-        v = self.outer.state.version
-        while time.monotonic() < until and not self._stop_asked and any(
-                r.state == "training" and r.version == v - 1 for pid, r in self.membership.members().items()
-                if pid != self.peer_id):
+        """Serve this island's last state (until `until` at most) while a member still training is
+        behind it, and `LINGER_GRACE_S` after the last one caught up: that member may want this
+        state for its own final mix, and discovery shows its catching up a second late."""
+        v, behind_seen = self.outer.state.version, None
+        while time.monotonic() < until and not self._stop_asked:
+            if any(r.version < v for r in self._others_training()):
+                behind_seen = time.monotonic()
+            elif behind_seen is None or time.monotonic() - behind_seen >= LINGER_GRACE_S:
+                return
             time.sleep(RETRY_FINAL_S)
 
     def _mix_if_arrived(self, rnd: Round, final: bool = False) -> dict | None:
