@@ -30,10 +30,10 @@ def test_bench_swarm_repeats_the_swarm_and_averages_its_runs(procs, tmp_path):
         assert 0 < run["step_seconds"] < 10, run
         # not bytes_moved > 0: in 2 rounds at most one fetch lands per run, and one run in five measured had none
         # the budget spent, the islands mix a partner's last state before the final checkpoint (the one that
-        # finishes last may find its partner gone)
+        # finishes last may find its partner closing: a row with the fetch's error and weight 0)
         finals = [row["final_mix"] for n in ("island-0", "island-1") for row in read_metrics(Path(run["workdir"]) / n)
                   if "final_mix" in row]
-        assert finals and all(f["weight"] > 0 for f in finals), finals
+        assert any(f["weight"] > 0 for f in finals), finals
     # the swarm and both simulations learned, and the swarm lands near its simulation and data parallel
     # (measured: 4.27 for the swarm, 4.26 simulated, 4.29 data parallel)
     for key in ("swarm_eval_loss", "sim_gossip_eval_loss", "dp_eval_loss"):
