@@ -193,8 +193,8 @@ class RoundsMixin:
 
     def _final_mix(self, rnd: Round) -> None:
         """`final_mix`, the budget spent: fetch one partner's last state and mix it into the anchor and
-        the model before the final checkpoint, then serve on while a member in its last round may
-        still want ours (`_linger`).
+        the model before the final checkpoint, then serve on while a member still training is
+        behind it and may want ours (`_linger`).
 
         For `FINAL_MIX_WAIT_S` (or the round's own wait, if longer) only a partner at this island's
         version or one behind is fetched, and the fetch waits for it to publish this version, as a

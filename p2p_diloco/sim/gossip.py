@@ -82,9 +82,7 @@ class GossipRun:
         self.committed += steps * step_tokens
         p = {"steps": steps, "busy": steps * dt, "end": t + steps * dt, "partner": None, "arrives_after": steps}
         if sim.mix_delay == 1 and (j := self._choose(i, t)) is not None and self.published[j].tokens > 0:
-            p["partner"], nbytes = self._fetch(i, j)
-            fetch_s = self.s.link_seconds(nbytes, hops=2)
-            self.sent[j] += nbytes
+            p["partner"], fetch_s = self._fetch_counted(i, j)
             wait = min(fetch_s, dt) if self.dl.mix_at == "start" else 0.0  # the first step waits, at most a step
             rest = fetch_s - wait  # what is left of the fetch once the inner steps run
             self.idle[i] += wait + max(0.0, rest - p["busy"])
@@ -92,6 +90,12 @@ class GossipRun:
             if self.dl.mix_at != "round-end":  # mixed between the inner steps it arrives between (0: before the first)
                 p["arrives_after"] = min(steps, math.ceil(rest / dt - 1e-9))
         self.plans[i] = p
+
+    def _fetch_counted(self, i: int, j: int) -> tuple[PartnerState, float]:
+        """`_fetch`, its bytes counted as sent by j: what i fetches and the fetch's seconds."""
+        partner, nbytes = self._fetch(i, j)
+        self.sent[j] += nbytes
+        return partner, self.s.link_seconds(nbytes, hops=2)
 
     def _fetch(self, i: int, j: int) -> tuple[PartnerState, int]:
         """What island i fetches of island j's published state, and the bytes it costs."""
@@ -142,9 +146,7 @@ class GossipRun:
         for i, isl in enumerate(self.islands):
             if (j := self._choose(i, math.inf, final=True)) is None or self.published[j].tokens == 0:
                 continue
-            partner, nbytes = self._fetch(i, j)
-            fetch_s = self.s.link_seconds(nbytes, hops=2)
-            self.sent[j] += nbytes
+            partner, fetch_s = self._fetch_counted(i, j)
             self.idle[i] += fetch_s
             longest = max(longest, fetch_s)
             isl.mix_arrived(self._arrived(i, partner))
