@@ -6,15 +6,12 @@ them available under its own name) and by whatever validates or lists them.
 
 from __future__ import annotations
 
-MOMENTUM_MODES = ("mixed", "local", "mixed-int4", "alternate", "alternate-int4", "same-version",
-                  "rescaled", "rescaled-int4", "rescaled-sign", "partner-delta", "noloco")
-MIX_TIMES = ("start", "arrival", "round-end")
+MOMENTUM_MODES = ("rescaled-int4", "rescaled-sign", "local")
+"""How outer momentum travels (`p2p_diloco.core.modes.Momentum`)."""
 EXCHANGES = ("state", "updates")
-WIRE_UPDATE_CODECS = ("sign", "int4")
+"""What an island sends: its whole state, or updates of a public state (`p2p_diloco.core.modes.Exchange`)."""
+UPDATE_CODECS = ("sign", "int4")
 """Codecs a public state's updates travel in (`p2p_diloco.core.public`)."""
-UPDATE_CODECS = (*WIRE_UPDATE_CODECS, "topk", "lowrank")
-"""Codecs of public-state updates: `topk` and `lowrank` are simulated only (`p2p_diloco.core.compress`,
-`p2p_diloco.sim.lowrank`)."""
 CODECS = ("fp32", "bf16", "fp16", "int8", "int4")
 """Payload codecs of exchanged state (`p2p_diloco.core.codecs` implements them)."""
 WIRE_CODECS = (*CODECS, "sign")

@@ -21,9 +21,8 @@ from typing import Any
 
 from p2p_diloco import addresses
 from p2p_diloco.choices import (  # noqa: F401 - importers take these from p2p_diloco.config too
-    CODECS, DEVICE_RE, DEVICES_HELP, DHT_PORT_OFFSET, DISCOVERY_KINDS, EXCHANGES, MIX_TIMES, MODEL_PRESETS,
-    MOMENTUM_MODES, POISONS, PRECISIONS, PX_PORT_OFFSET, REACH_MODES, UPDATE_CODECS, WIRE_CODECS,
-    WIRE_UPDATE_CODECS
+    CODECS, DEVICE_RE, DEVICES_HELP, DHT_PORT_OFFSET, DISCOVERY_KINDS, EXCHANGES, MODEL_PRESETS, MOMENTUM_MODES,
+    POISONS, PRECISIONS, PX_PORT_OFFSET, REACH_MODES, UPDATE_CODECS, WIRE_CODECS
 )
 from p2p_diloco.errors import ConfigError
 
@@ -130,10 +129,10 @@ class DiLoCoConfig:
     outer_momentum: float = 0.5
     """Outer Nesterov momentum mu (0.5: a run of a few dozen rounds never builds up 0.9; BENCHMARKS.md)."""
     momentum: str = "rescaled-int4"
-    """How outer momentum travels. `rescaled-int4` (default): published in 4 bits beside the weights,
-    mixed with the partner's weight, then rescaled to the interpolated norm of the two buffers (mean of
-    3 seeds: 0.25% lower loss than `local` at 1.5x the bytes; BENCHMARKS.md); `local`: each island
-    keeps its own; `mixed`: mixed in the weights' codec; others: `core.outer.BUFFER_MODES`."""
+    """How outer momentum travels (`core.modes.Momentum`): `rescaled-int4` (default) publishes it in
+    4 bits beside the weights, mixes it with the partner's weight and rescales it to the
+    interpolated norm of the two buffers; `rescaled-sign` the same in signs with one magnitude per
+    block; `local` keeps each island's own (BENCHMARKS.md, "Quality: momentum that travels")."""
     mix_weight: float = 0.5
     """Base weight of a partner's state when both have equal tokens and no staleness."""
     token_weighting: bool = True
@@ -147,25 +146,15 @@ class DiLoCoConfig:
     """A partner more than this many versions behind is skipped."""
     staleness_decay: float = 0.5
     """Slope d of the staleness discount 1 - d x - (1-d) x^2, x = lag / (max_staleness+1): smooth to 0."""
-    mix_at: str = "arrival"
-    """When a partner state fetched during a round is mixed. `arrival` (default): as soon as it
-    arrives, into the anchor and the running weights alike, so the rest of the round trains from the
-    mixed point; `start`: the round's first inner step waits for it, at most one inner step's time,
-    then as `arrival` (lower loss for the same tokens, but the wait costs more than it gains per
-    second unless a fetch takes a small share of a round; BENCHMARKS.md); `round-end`: into the
-    anchor just before the outer step (docs/DESIGN.md, section 2, step 5)."""
     final_mix: bool = True
     """When the island's budget is spent, fetch one partner's last state and mix it before the
-    final checkpoint (one more fetch per run; the islands end closer together: BENCHMARKS.md)."""
-    mix_pseudo_gradient: bool = False
-    """Average the pseudo-gradient with the partner's last one as well (NoLoCo style). Off by default:
-    with one round of delay the partner's last one is stale, and mixing it cost 8.7% (BENCHMARKS.md)."""
+    final checkpoint (one more fetch per run; BENCHMARKS.md, "When a partner's state is mixed")."""
     exchange: str = "state"
     """What an island sends: its whole `state` each round, or `updates` of a public state that follows
     its anchor, compressed with error feedback (`core.public`; an island then fetches the next member
     in the ring of peer ids, so it lacks one update per round, and keeps its momentum local)."""
     update_codec: str = "sign"
-    """Codec of the updates (`UPDATE_CODECS`)."""
+    """Codec of the updates with `exchange="updates"`: `sign` or `int4` (`UPDATE_CODECS`)."""
     offload_outer: bool = False
     """Keep the anchor and outer momentum in host memory instead of on the accelerator, as OpenDiLoCo
     does, to save accelerator memory (two more fp32 copies of the model); mixing and the outer step
@@ -178,7 +167,6 @@ class DiLoCoConfig:
         _require(0 < self.outer_lr <= 2, s, "outer_lr", "in (0, 2]", self.outer_lr)
         _require(0 <= self.outer_momentum < 1, s, "outer_momentum", "in [0, 1)", self.outer_momentum)
         _require(self.momentum in MOMENTUM_MODES, s, "momentum", f"one of {MOMENTUM_MODES}", self.momentum)
-        _require(self.mix_at in MIX_TIMES, s, "mix_at", f"one of {MIX_TIMES}", self.mix_at)
         _require(self.exchange in EXCHANGES and self.update_codec in UPDATE_CODECS, s, "exchange/update_codec",
                  f"in {EXCHANGES} and {UPDATE_CODECS}", (self.exchange, self.update_codec))
         _require(0 < self.mix_weight <= 1, s, "mix_weight", "in (0, 1]", self.mix_weight)

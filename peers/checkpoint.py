@@ -168,8 +168,6 @@ def pack(outer, parts: dict[str, Any], meta: dict[str, Any]) -> tuple[dict[str, 
     caller's own data position...), plus `meta` (round, peer id, model fingerprint...)."""
     s = outer.state
     tensors = {ANCHOR: s.phi, "outer.m": s.m}
-    if s.delta is not None:
-        tensors["outer.delta"] = s.delta
     states = {name: _flatten(obj.state_dict(), name, tensors) for name, obj in parts.items() if obj is not None}
     return tensors, {**meta, "version": s.version, "tokens": s.tokens, "states": states}
 
@@ -189,8 +187,6 @@ def restore(outer, parts: dict[str, Any], ck: CheckpointData, path: Path, finger
         if phi.numel() != s.phi.numel() or m.numel() != s.phi.numel():
             raise CheckpointError(f"checkpoint {path} holds {phi.numel()} parameters, the model {s.phi.numel()}")
         s.phi, s.m = phi.to(s.phi.device).clone(), m.to(s.phi.device).clone()
-        if s.delta is not None:
-            s.delta = t["outer.delta"].to(s.phi.device).clone() if "outer.delta" in t else torch.zeros_like(s.phi)
         s.version, s.tokens = int(meta["version"]), int(meta["tokens"])
         for name, obj in parts.items():
             if obj is not None and name in meta["states"]:

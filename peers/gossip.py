@@ -259,14 +259,14 @@ def partner_state(snap, expected_numel: int, model: str = "", run: str = "", pub
             raise TransportError(f"the public state of {snap.endpoint} does not fit this model ({public.pub.numel()} "
                                  f"values, expected {expected_numel})")
         phi = anchor + (public.pub - own_public.pub).to(anchor.device)
-        return PartnerState(phi=phi, m=None, delta=None, version=snap.version, tokens=snap.tokens,
+        return PartnerState(phi=phi, m=None, version=snap.version, tokens=snap.tokens,
                             peer=str(meta.get("peer_id", "")))
     if "phi" not in t:
         raise TransportError(f"snapshot from {snap.endpoint} holds no anchor 'phi'")
-    for name in ("phi", "m", "delta"):
+    for name in ("phi", "m"):
         if name in t and t[name].numel() != expected_numel:
             raise TransportError(f"snapshot from {snap.endpoint} does not fit this model ({name!r} holds "
                                  f"{t[name].numel()} values, expected {expected_numel})")
     flat = {k: v if isinstance(v, EncodedVector) else v.reshape(-1) for k, v in t.items()}
-    return PartnerState(phi=flat["phi"], m=flat.get("m"), delta=flat.get("delta"), version=snap.version,
+    return PartnerState(phi=flat["phi"], m=flat.get("m"), version=snap.version,
                         tokens=snap.tokens, peer=str(meta.get("peer_id", "")))

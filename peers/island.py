@@ -37,14 +37,15 @@ from typing import Any
 
 import torch
 
-from p2p_diloco.config import WIRE_UPDATE_CODECS, DiLoCoConfig, DiscoveryConfig, IslandConfig, NetworkConfig
+from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, IslandConfig, NetworkConfig
 from p2p_diloco.core.island import OuterLoop
+from p2p_diloco.core.modes import exchange_mode
 from p2p_diloco.core.params import fingerprint, weights_digest
 from p2p_diloco.core.public import PublicCopies
 from p2p_diloco.discovery import open_membership
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.peers import checkpoint
-from p2p_diloco.errors import CheckpointError, ConfigError
+from p2p_diloco.errors import CheckpointError
 from p2p_diloco.peers.divergence import DivergenceGuard
 from p2p_diloco.peers.distributed import CARRY_ON, NEW_ROUND, STOP, SYNC, IntraIsland
 from p2p_diloco.peers.gossip import GossipWorker
@@ -73,9 +74,7 @@ class SwarmIsland(RoundsMixin):
 
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.diloco, self.network = diloco or DiLoCoConfig(), network or NetworkConfig()
-        if self.diloco.exchange == "updates" and self.diloco.update_codec not in WIRE_UPDATE_CODECS:
-            raise ConfigError(f"update_codec {self.diloco.update_codec!r} is simulated only; an island sends "
-                              f"{' or '.join(WIRE_UPDATE_CODECS)}")
+        self.exchange = exchange_mode(self.diloco.exchange, self.diloco.update_codec)
         self.cfg = island or IslandConfig()
         self.eval_fn, self.extra_state, self.group = eval_fn, extra_state, group
         self.world = 1 if group is None else group.world
@@ -102,7 +101,7 @@ class SwarmIsland(RoundsMixin):
             self.membership.shutdown()
             self.server.close()
             raise
-        self.publisher = Publisher(self.server, self.outer, self.diloco, self.peer_id, self.fingerprint, self.run_digest)
+        self.publisher = Publisher(self.server, self.outer, self.exchange, self.peer_id, self.fingerprint, self.run_digest)
         self.gate = PlausibilityGate()
         self.catch_up = None
         """The download of the freshest states, while this island catches up (`peers.state.CatchUp`)."""
@@ -117,7 +116,7 @@ class SwarmIsland(RoundsMixin):
                                    relay=self.reach.relay, **self._public_exchange())
         self.chooser = PartnerChooser(self.peer_id, self.diloco.max_staleness, model=self.fingerprint,
                                       relay=self.reach.relay is not None, rng=random.Random(self.peer_id),
-                                      ring=self.diloco.exchange == "updates")
+                                      ring=self.exchange.ring)
         self.metrics = MetricsLog(self.cfg.run_dir)
         (self.cfg.run_dir / "island.json").write_text(json.dumps({"peer_id": self.peer_id, "name": self.name,
                                                                   "endpoint": self.server.endpoint}))
@@ -231,7 +230,6 @@ class SwarmIsland(RoundsMixin):
             rnd.last_announce = now
         ended = self._round_over(rnd)
         if ended:
-            step_s = rnd.compute_s / max(1, self.outer.round_steps)
             self._end_round(rnd)
             self.done = self._budget_spent()
             self._rnd = rnd = Round.begin(self, rnd.compute_s)
@@ -239,8 +237,6 @@ class SwarmIsland(RoundsMixin):
                 self._final_mix(rnd)
         if not self.done:
             self._keep_fetching(rnd)
-            if ended and self.diloco.mix_at == "start":
-                self._await_partner(rnd, step_s)
             rnd.arrived = rnd.arrived or self._mix_if_arrived(rnd)
             self._mix_pushed(rnd)
             self._adopt_caught_up()
@@ -336,7 +332,7 @@ class SwarmIsland(RoundsMixin):
 
     def _public_exchange(self) -> dict:
         """With `exchange="updates"`: the partners' public states this island holds, and how far one is."""
-        if self.diloco.exchange != "updates":
+        if not self.exchange.updates:
             return {}
         initial = self.outer.state.phi.detach().cpu().clone()  # (called before any state is adopted)
         return {"copies": PublicCopies(initial=initial),  # |pub_partner - pub_own| / |anchor|: how far mixing moves it

@@ -3,11 +3,10 @@
 The snapshot server encodes host tensors. An anchor on an accelerator is first copied into a
 pinned host buffer (allocated once, reused every round: an asynchronous DMA copy instead of a
 pageable one, and no new allocation per round); an anchor on the host is encoded where it is.
-What is published: the anchor always, the momentum when the momentum mode mixes it
-(`core.outer.publishes_momentum`; in int4 where the mode says so), the last pseudo-gradient when
-partners average pseudo-gradients or the mode adds them to the momentum; the manifest's meta names the island and
-its model fingerprint and its run (the digest of the run's initial weights), so a partner with
-another model, or from another run, refuses the state before mixing it.
+What is published: the anchor always, the momentum when it travels (`core.modes.Momentum`, in
+its codec); the manifest's meta names the island and its model fingerprint and its run (the
+digest of the run's initial weights), so a partner with another model, or from another run,
+refuses the state before mixing it.
 
 With `exchange="updates"` the island also advances its public state by one compressed update per
 publish (`core.public`) and serves it to partners that ask for it (`exchange.public_views`); the
@@ -20,9 +19,9 @@ import time
 
 import torch
 
-from p2p_diloco.config import DiLoCoConfig
 from p2p_diloco.core.device import pinned_buffer, to_host
-from p2p_diloco.core.outer import MOMENTUM_CODECS, publishes_delta, publishes_momentum
+from p2p_diloco.core.island import OuterLoop
+from p2p_diloco.core.modes import Exchange
 from p2p_diloco.core.params import weights_digest
 from p2p_diloco.core.public import PublicState
 from p2p_diloco.exchange.public_views import PublicView
@@ -31,8 +30,8 @@ from p2p_diloco.exchange.public_views import PublicView
 class Publisher:
     """Publishes the state of one island's `OuterLoop` on its `SnapshotServer` (see the module docstring)."""
 
-    def __init__(self, server, outer, diloco: DiLoCoConfig, peer_id: str, model: str, run: str = "") -> None:
-        self.server, self.outer, self.diloco = server, outer, diloco
+    def __init__(self, server, outer: OuterLoop, exchange: Exchange, peer_id: str, model: str, run: str = "") -> None:
+        self.server, self.outer, self.exchange = server, outer, exchange
         self.meta = {"peer_id": peer_id, "model": model, "run": run}
         self.published_at = 0.0
         """Unix time of the last publish (the phase of the island's rounds, for pacing)."""
@@ -42,12 +41,7 @@ class Publisher:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         s = self.outer.state
-        out = {"phi": s.phi}
-        if publishes_momentum(self.diloco, s.version):
-            out["m"] = s.m
-        if publishes_delta(self.diloco) and s.delta is not None:
-            out["delta"] = s.delta
-        return out
+        return {"phi": s.phi, "m": s.m} if self.outer.momentum.travels else {"phi": s.phi}
 
     def _on_host(self, name: str, x: torch.Tensor) -> torch.Tensor:
         if x.device.type == "cpu":
@@ -61,9 +55,10 @@ class Publisher:
         """Encode the state as it is now and serve it from now on."""
         s = self.outer.state
         host = {name: self._on_host(name, x) for name, x in self.tensors().items()}
-        codec_of = {"m": MOMENTUM_CODECS[self.diloco.momentum]} if self.diloco.momentum in MOMENTUM_CODECS else None
-        self.server.publish(host, s.version, s.tokens, meta=self.meta, codec_of=codec_of)
-        if self.diloco.exchange == "updates":
+        momentum = self.outer.momentum
+        self.server.publish(host, s.version, s.tokens, meta=self.meta,
+                            codec_of={"m": momentum.codec} if momentum.travels else None)
+        if self.exchange.updates:
             self._advance_public(host["phi"])
         self.published_at = time.time()
 
@@ -75,7 +70,7 @@ class Publisher:
     def _advance_public(self, anchor: torch.Tensor) -> None:
         """The first publish starts the public state at the anchor; each later one sends an update."""
         if self.public is None:  # (the run's initial weights name the run: `run` is their digest)
-            self.public = PublicState(anchor, self.diloco.update_codec,
+            self.public = PublicState(anchor, self.exchange.update_codec,
                                       from_init=self.outer.state.version == 0 and weights_digest(anchor) == self.meta["run"])
         else:
             self.public.advance(anchor)

@@ -51,7 +51,7 @@ class Round:
     """Tokens the round's inner steps trained on (the whole island's, every rank)."""
     fetching: bool = False
     arrived: dict | None = None
-    """The exchange figures of a partner mixed mid-round (`mix_at=arrival`)."""
+    """The exchange figures of a partner mixed mid-round."""
     stretch_until: float | None = None
     """Past H: when to stop training on (set once H steps are done)."""
     refused_from: list = field(default_factory=list)
@@ -183,14 +183,6 @@ class RoundsMixin:
         info["refused"] = why
         return [], info
 
-    def _await_partner(self, rnd: Round, limit_s: float) -> None:
-        """`mix_at="start"`, as a round starts: hold the first inner step until the partner's state
-        has arrived (`_mix_if_arrived` then mixes it before any step), at most `limit_s`, one inner
-        step's time: the whole round then trains from the mixed point, for the price of the wait
-        (BENCHMARKS.md, "When a partner's state is mixed")."""
-        if rnd.fetching:
-            self.gossip.wait_result(limit_s)
-
     def _final_mix(self, rnd: Round) -> None:
         """`final_mix`, the budget spent: fetch one partner's last state and mix it into the anchor and
         the model before the final checkpoint, then serve on while a member still training is
@@ -211,7 +203,7 @@ class RoundsMixin:
         while rnd.fetching and not self._stop_asked and time.monotonic() < end:
             if self.gossip.wait_result(RETRY_FINAL_S):  # (in slices: a stop is not held up by a slow fetch)
                 break
-        info = self._mix_if_arrived(rnd, final=True)
+        info = self._mix_if_arrived(rnd)
         if info is not None:
             log.info("%s: final mix with %s at weight %.3f", self.name, info["partner"][:8], info["weight"])
             self.metrics.write({"final_mix": info})
@@ -235,14 +227,13 @@ class RoundsMixin:
                 return
             time.sleep(RETRY_FINAL_S)
 
-    def _mix_if_arrived(self, rnd: Round, final: bool = False) -> dict | None:
-        """Between inner steps (`mix_at` `start` or `arrival`; `final`: the final mix): mix a partner
-        state the moment its fetch is done.
+    def _mix_if_arrived(self, rnd: Round) -> dict | None:
+        """Between inner steps (and for the final mix): mix a partner state the moment its fetch is done.
 
         The anchor and the running weights move together, so the rest of the round trains from the
         mixed point. Returns the exchange's figures, or None while nothing has arrived.
         """
-        if (self.diloco.mix_at == "round-end" and not final) or not self.gossip.has_result:  # (it may still be pushing ours)
+        if not self.gossip.has_result:  # (it may still be pushing ours)
             return None
         partners, info = self._take_partner()
         if info["partner"] is None:
@@ -269,10 +260,10 @@ class RoundsMixin:
             s = self.outer.state
             s.version = max(s.version, min(partner_version + after_step, versions[len(versions) // 2] + after_step))
 
-    def _mix_pushed(self, rnd: Round, at_end: bool = False) -> None:
-        """Mix a state an outbound-only member pushed to us (`peers.reach`): between inner steps when
-        mixing on arrival, else (and for one that arrived after the last step) at the round's end."""
-        if not self.inbox.has_result or (self.diloco.mix_at == "round-end" and not at_end):
+    def _mix_pushed(self, rnd: Round) -> None:
+        """Mix a state an outbound-only member pushed to us (`peers.reach`): between inner steps, or at
+        the round's end for one that arrived after the last step."""
+        if not self.inbox.has_result:
             return
         result = self.inbox.take()
         partners, info = self._take_partner(result)
@@ -297,7 +288,7 @@ class RoundsMixin:
         outer, steps = self.outer, self.outer.round_steps
         if not self.guard.weights_finite():  # never an outer step from non-finite weights
             self.guard.roll_back("non-finite weights at the round's end")
-        self._mix_pushed(rnd, at_end=True)  # one pushed to us after the last inner step
+        self._mix_pushed(rnd)  # one pushed to us after the last inner step
         partners, info = self._take_partner()  # a fetch that arrived after the last inner step
         weights = outer.end_round(partners, tokens=rnd.tokens)
         self.inbox.new_round()

@@ -66,8 +66,7 @@ def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.to
     total = sum(s["tokens"] for s in swarms[0][2])
     step_s = step_seconds([r for *_, rows, _ in swarms for island in rows.values() for r in island])
     sim = SimConfig(islands=islands, methods=("gossip", "dp"), tokens=total, latency_ms=latency_ms,
-                    bandwidth_mbps=bandwidth_mbps or 1e6, compression=compression, step_seconds=step_s,
-                    partners="ring" if exchange == "updates" else SimConfig.partners)
+                    bandwidth_mbps=bandwidth_mbps or 1e6, compression=compression, step_seconds=step_s)
     diloco = DiLoCoConfig(local_steps=local_steps, momentum=momentum, exchange=exchange, update_codec=update_codec)
     simulation = Simulation(sim, ModelConfig(), train, diloco, load_corpus())
     gossip, dp = simulation.run("gossip"), simulation.run("dp")

@@ -9,7 +9,7 @@ import click
 
 from p2p_diloco.bench.round import DEFAULT_PARAMS
 from p2p_diloco.cli.options import codec_option, csv, user_errors
-from p2p_diloco.config import EXCHANGES, MOMENTUM_MODES, POISONS, WIRE_CODECS, WIRE_UPDATE_CODECS, DiLoCoConfig
+from p2p_diloco.config import EXCHANGES, MOMENTUM_MODES, POISONS, WIRE_CODECS, UPDATE_CODECS, DiLoCoConfig
 from p2p_diloco.sim.config import SimConfig
 
 
@@ -64,7 +64,7 @@ def bench_transport(params, compression, latency_ms, bandwidth_mbps, repeat, raw
               help="The islands' and the simulation's momentum mode (as `join --momentum`).")
 @click.option("--exchange", type=click.Choice(EXCHANGES), default=DiLoCoConfig.exchange, show_default=True,
               help="Whole states or public-state updates (as `join --exchange`; the simulation's partners are then a ring).")
-@click.option("--update-codec", type=click.Choice(WIRE_UPDATE_CODECS), default=DiLoCoConfig.update_codec,
+@click.option("--update-codec", type=click.Choice(UPDATE_CODECS), default=DiLoCoConfig.update_codec,
               show_default=True, help="Codec of the updates (as `join --update-codec`).")
 @click.option("--runs", type=click.IntRange(1, 20), default=1, show_default=True,
               help="Run the swarm this many times and report the mean loss (the simulations run once).")

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 import click
 
 from p2p_diloco.config import (
-    CODECS, DEVICE_RE, DEVICES_HELP, DISCOVERY_KINDS, EXCHANGES, MIX_TIMES, MODEL_PRESETS, MOMENTUM_MODES, PRECISIONS,
+    CODECS, DEVICE_RE, DEVICES_HELP, DISCOVERY_KINDS, EXCHANGES, MODEL_PRESETS, MOMENTUM_MODES, PRECISIONS,
     UPDATE_CODECS, DiLoCoConfig, DiscoveryConfig, ModelConfig, NetworkConfig, TrainConfig
 )
 from p2p_diloco.errors import ConfigError, DeviceError, P2PDiLoCoError
@@ -92,30 +92,58 @@ def model_options(f: Callable) -> Callable:
     return f
 
 
+REMOVED_MODES = "its figures are in BENCHMARKS.md, 'Modes removed'"
+RETIRED_MOMENTUM = {name: "use rescaled-int4 (the default), rescaled-sign or local" for name in (
+    "mixed", "mixed-int4", "alternate", "alternate-int4", "same-version", "rescaled", "partner-delta", "noloco")}
+RETIRED_UPDATE_CODECS = {name: "updates travel in sign or int4" for name in ("topk", "lowrank")}
+
+
+class Retiring(click.Choice):
+    """A `click.Choice` that answers a removed value with one line naming its replacement."""
+
+    def __init__(self, choices, retired: dict[str, str]) -> None:
+        super().__init__(choices)
+        self.retired = retired
+
+    def convert(self, value, param, ctx):
+        if value in self.retired:
+            self.fail(f"{value!r} was removed: {self.retired[value]} ({REMOVED_MODES})", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+def retired_option(decl: str, replacement: str, **kw: Any) -> Callable:
+    """A removed option, hidden: given on the command line or in a config file, it is a one-line
+    usage error naming its replacement, instead of click's bare "no such option"."""
+
+    def refuse(_ctx, param, value):
+        if value is not None:
+            raise click.UsageError(f"{param.opts[0]} was removed: {replacement} ({REMOVED_MODES})")
+
+    return click.option(decl, default=None, hidden=True, expose_value=False, callback=refuse, **kw)
+
+
 def diloco_options(f: Callable) -> Callable:
     """Options of the outer loop, shared by `simulate` and `join`."""
     f = click.option("--local-steps", "-H", type=int, default=D.local_steps, show_default=True, help="H: inner steps per round.")(f)
     f = click.option("--outer-lr", type=float, default=D.outer_lr, show_default=True, help="Outer Nesterov learning rate.")(f)
     f = click.option("--outer-momentum", type=float, default=D.outer_momentum, show_default=True, help="Outer Nesterov momentum.")(f)
-    f = click.option("--momentum", type=click.Choice(MOMENTUM_MODES), default=D.momentum, show_default=True,
-                     help="How outer momentum travels: in 4 bits, mixed and rescaled (the default), kept local, "
-                          "or a variant (docs/DESIGN.md, section 2.2).")(f)
-    f = click.option("--mix-at", type=click.Choice(MIX_TIMES), default=D.mix_at, show_default=True,
-                     help="Mix a partner's state before the round's first inner step (which waits for it, at most "
-                          "one step's time), as soon as it arrives (anchor and weights), or at the end of the round.")(f)
+    f = click.option("--momentum", type=Retiring(MOMENTUM_MODES, RETIRED_MOMENTUM), default=D.momentum,
+                     show_default=True, help="How outer momentum travels: in 4 bits, mixed and rescaled (the default), "
+                                             "in signs, or kept local (docs/DESIGN.md, section 2.2).")(f)
     f = click.option("--final-mix/--no-final-mix", default=D.final_mix, show_default=True,
                      help="When the budget is spent, mix one partner's last state before the final checkpoint.")(f)
     f = click.option("--mix-weight", type=float, default=D.mix_weight, show_default=True,
                      help="Partner weight at equal tokens and no staleness.")(f)
-    f = click.option("--mix-pseudo-gradient/--no-mix-pseudo-gradient", default=D.mix_pseudo_gradient, show_default=True,
-                     help="Average the pseudo-gradient with the partner's as well.")(f)
     f = click.option("--max-staleness", type=int, default=D.max_staleness, show_default=True,
                      help="Skip partners more than this many versions behind.")(f)
     f = click.option("--exchange", type=click.Choice(EXCHANGES), default=D.exchange, show_default=True,
                      help="Send the whole state each round, or compressed updates of a public state (error "
                           "feedback; the ring of peer ids picks partners; momentum stays local).")(f)
-    f = click.option("--update-codec", type=click.Choice(UPDATE_CODECS), default=D.update_codec, show_default=True,
-                     help="Codec of the updates with --exchange updates (topk, lowrank: simulated only).")(f)
+    f = click.option("--update-codec", type=Retiring(UPDATE_CODECS, RETIRED_UPDATE_CODECS), default=D.update_codec,
+                     show_default=True, help="Codec of the updates with --exchange updates.")(f)
+    f = retired_option("--mix-at", "a partner's state is always mixed as it arrives; drop --mix-at")(f)
+    f = retired_option("--mix-pseudo-gradient/--no-mix-pseudo-gradient",
+                       "pseudo-gradients are never averaged; drop the option")(f)
     return f
 
 
@@ -215,8 +243,8 @@ def build_configs(kw: dict) -> tuple[ModelConfig, TrainConfig, DiLoCoConfig]:
                         device=kw.pop("device", T.device), precision=kw.pop("precision", T.precision))
     diloco = DiLoCoConfig(local_steps=kw.pop("local_steps"), outer_lr=kw.pop("outer_lr"),
                           outer_momentum=kw.pop("outer_momentum"), momentum=kw.pop("momentum"),
-                          mix_at=kw.pop("mix_at"), final_mix=kw.pop("final_mix"), mix_weight=kw.pop("mix_weight"),
-                          mix_pseudo_gradient=kw.pop("mix_pseudo_gradient"), max_staleness=kw.pop("max_staleness"),
+                          final_mix=kw.pop("final_mix"), mix_weight=kw.pop("mix_weight"),
+                          max_staleness=kw.pop("max_staleness"),
                           offload_outer=kw.pop("offload_outer", D.offload_outer), exchange=kw.pop("exchange"),
                           update_codec=kw.pop("update_codec"))
     return model, train, diloco

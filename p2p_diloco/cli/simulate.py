@@ -7,9 +7,9 @@ import os
 import click
 
 from p2p_diloco.cli.options import (
-    build_configs, codec_option, csv, device_options, diloco_options, model_options, user_errors
+    build_configs, codec_option, csv, device_options, diloco_options, model_options, retired_option, user_errors
 )
-from p2p_diloco.sim.config import PARTNER_SCHEDULES, SIM_METHODS, UPDATE_MIXINGS, SimConfig
+from p2p_diloco.sim.config import SIM_METHODS, SimConfig
 
 S = SimConfig
 
@@ -28,13 +28,11 @@ S = SimConfig
 @click.option("--latency-ms", type=float, default=S.latency_ms, show_default=True, help="Simulated one-way link latency.")
 @click.option("--bandwidth-mbps", type=float, default=S.bandwidth_mbps, show_default=True, help="Simulated link bandwidth.")
 @codec_option(S.compression)
-@click.option("--partners", type=click.Choice(PARTNER_SCHEDULES), default=S.partners, show_default=True,
-              help="Whom a gossip island fetches: a shift drawn per round, the next island, or 1, 2, 4, ... apart.")
-@click.option("--update-k", type=int, default=S.update_k, show_default=True, help="Values kept of each 4096 by topk; the rank of lowrank.")
+@retired_option("--partners", "the exchange picks partners: drawn for whole states, the ring for --exchange updates")
+@retired_option("--update-k", "updates travel in sign or int4, which keep every value")
+@retired_option("--update-mixing", "a receiver moves by the difference of the public states")
 @click.option("--update-keep", type=int, default=S.update_keep, show_default=True,
               help="Updates a sender keeps for receivers behind.")
-@click.option("--update-mixing", type=click.Choice(UPDATE_MIXINGS), default=S.update_mixing, show_default=True,
-              help="choco: move by the difference of public states; pub: mix the partner's public state.")
 @click.option("--mix-delay", type=click.IntRange(0, 1), default=S.mix_delay, show_default=True,
               help="Rounds between a partner's state being published and mixed.")
 @click.option("--step-seconds", type=float, default=S.step_seconds, show_default=True,
@@ -63,6 +61,5 @@ def simulate(**kw) -> None:
                         time_budget=kw["time_budget"], speeds=kw["speeds"], drop_prob=kw["drop_prob"],
                         latency_ms=kw["latency_ms"], bandwidth_mbps=kw["bandwidth_mbps"], compression=kw["compression"],
                         mix_delay=kw["mix_delay"], step_seconds=kw["step_seconds"], seed=kw["seed"],
-                        partners=kw["partners"], update_k=kw["update_k"],
-                        update_keep=kw["update_keep"], update_mixing=kw["update_mixing"])
+                        update_keep=kw["update_keep"])
         run_simulation(sim, model, train, diloco, data, as_json, jobs, vocab_size=vocab_size)

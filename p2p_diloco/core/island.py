@@ -22,10 +22,8 @@ import torch
 from p2p_diloco.config import DiLoCoConfig, TrainConfig
 from p2p_diloco.core.data import BatchSampler
 from p2p_diloco.core.inner import InnerLoop
-from p2p_diloco.core.outer import (
-    OuterState, PartnerState, blend_, mix_counters_, mix_momentum_, mix_values_, mixing_weight, nesterov_,
-    outer_update, publishes_delta
-)
+from p2p_diloco.core.modes import momentum_mode
+from p2p_diloco.core.outer import OuterState, PartnerState, mix, mix_counters_, mix_slice_, mixing_weight, nesterov_
 from p2p_diloco.core.params import CHUNK, ParamSlices
 
 
@@ -34,11 +32,11 @@ class OuterLoop:
 
     def __init__(self, name: str, model: torch.nn.Module, cfg: DiLoCoConfig) -> None:
         self.name, self.model, self.cfg = name, model, cfg
+        self.momentum = momentum_mode(cfg.momentum)
         self.slices = ParamSlices(model)
-        outer_device = torch.device("cpu") if getattr(cfg, "offload_outer", False) else self.slices.device
-        self.state = OuterState.fresh(self.slices.gather(outer_device), keep_delta=publishes_delta(cfg))
+        outer_device = torch.device("cpu") if cfg.offload_outer else self.slices.device
+        self.state = OuterState.fresh(self.slices.gather(outer_device))
         self.round_steps = 0
-        self.arrived: list[tuple[PartnerState, float]] = []  # partners mixed during this round
         self.last_loss: float | None = None
 
     def params_vector(self) -> torch.Tensor:
@@ -49,14 +47,25 @@ class OuterLoop:
         """Reset the model's weights to the anchor; the inner optimizer state carries on."""
         self.slices.load(self.state.phi)
         self.round_steps = 0
-        self.arrived = []
 
     def pseudo_gradient(self) -> torch.Tensor:
         return self.state.phi - self.params_vector()
 
+    def weight(self, partner: PartnerState) -> float:
+        """The mixing weight of a partner's state now (0 = skip it; `core.outer.mixing_weight`)."""
+        return mixing_weight(self.cfg, self.state.version, self.state.tokens, partner)
+
     def weigh(self, partners: list[PartnerState]) -> list[tuple[PartnerState, float]]:
         """Pair each arrived partner state with its mixing weight (0 = skipped)."""
-        return [(p, mixing_weight(self.cfg, self.state.version, self.state.tokens, p)) for p in partners]
+        return [(p, self.weight(p)) for p in partners]
+
+    @torch.no_grad()
+    def mix(self, partner: PartnerState) -> float:
+        """Mix a partner's state into the anchor alone (the running weights are left as they are).
+        Returns the weight used (0: skipped)."""
+        a = self.weight(partner)
+        mix(self.state, partner, a, self.cfg, self.momentum, [(i, j) for i, j, _ in self.slices])
+        return a
 
     @torch.no_grad()
     def mix_arrived(self, partner: PartnerState) -> float:
@@ -66,10 +75,7 @@ class OuterLoop:
         `phi - theta` still holds only this island's own progress and the rest of the round trains
         from the mixed point. Returns the weight used (0: skipped).
         """
-        (_, a), = self.weigh([partner])
-        # kept for the round's end only when pseudo-gradients are averaged: else the partner's state
-        # is freed as soon as it is mixed, not held through the outer step
-        self.arrived.append((partner if self.cfg.mix_pseudo_gradient else None, a))
+        a = self.weight(partner)
         if a <= 0:
             return a
         s = self.state
@@ -77,45 +83,38 @@ class OuterLoop:
             theirs = partner.phi[i:j].to(s.phi.device, non_blocking=True)
             shift = (theirs - s.phi[i:j]).mul_(a)
             theta.add_(shift.to(theta.device, theta.dtype, non_blocking=True))
-            blend_(s.phi[i:j], theirs, a)
-            mix_momentum_(s, partner, a, self.cfg, i, j, shift)
+            mix_slice_(s, partner, a, self.momentum, i, j, theirs)
         mix_counters_(s, partner, a, self.cfg)
         return a
 
     @torch.no_grad()
     def end_round(self, partners: list[PartnerState], delta: torch.Tensor | None = None,
                   tokens: int = 0) -> list[float]:
-        """Mix the partners' states, take the outer step, load the new anchor. Returns the weights used.
+        """Mix the partners' states into the anchor, take the outer step, load the new anchor.
+        Returns the weights used.
 
-        `delta` overrides this island's own pseudo-gradient (synchronous all-reduce passes the
-        mean); `tokens` are those the round trained on. Unless pseudo-gradients are averaged too,
-        the step runs slice by slice and never holds the whole pseudo-gradient.
+        The partners' states were published one round earlier than this round's pseudo-gradient was
+        computed: they are contemporaneous with the anchor *before* this round's step, so they are
+        mixed into that anchor first and the island's own step follows, never pulling the fresh
+        step back toward an old state. `delta` overrides the island's own pseudo-gradient
+        (synchronous all-reduce passes the mean); `tokens` are those the round trained on. The step
+        runs slice by slice and never holds the whole pseudo-gradient.
         """
         weighted = self.weigh(partners)
-        if delta is None and not self.cfg.mix_pseudo_gradient:
-            self._step_in_slices(weighted)
-        else:
-            outer_update(self.state, self.pseudo_gradient() if delta is None else delta, weighted, self.cfg,
-                         self.arrived)
-        self.state.tokens += tokens
-        self.begin_round()
-        return [a for _, a in weighted]
-
-    def _step_in_slices(self, weighted: list[tuple[PartnerState, float]]) -> None:
-        """`outer_update` without pseudo-gradient averaging, one slice at a time (same arithmetic)."""
         s, lr, mu = self.state, self.cfg.outer_lr, self.cfg.outer_momentum
         for i, j, theta in self.slices:
-            delta = s.phi[i:j] - theta.to(s.phi.device, torch.float32, non_blocking=True)
+            own = s.phi[i:j] - theta.to(s.phi.device, torch.float32, non_blocking=True) if delta is None else delta[i:j]
             for partner, a in weighted:
                 if a > 0:
-                    mix_values_(s, partner, a, self.cfg, i, j)
-            nesterov_(s.phi[i:j], s.m[i:j], delta, lr, mu)
-            if s.delta is not None:  # kept for `momentum="partner-delta"`
-                s.delta[i:j].copy_(delta)
+                    mix_slice_(s, partner, a, self.momentum, i, j)
+            nesterov_(s.phi[i:j], s.m[i:j], own, lr, mu)
         for partner, a in weighted:
             if a > 0:
                 mix_counters_(s, partner, a, self.cfg)
         s.version += 1
+        s.tokens += tokens
+        self.begin_round()
+        return [a for _, a in weighted]
 
     @torch.no_grad()
     def adopt(self, snapshot: PartnerState) -> None:
@@ -132,8 +131,6 @@ class OuterLoop:
                 s.m[i:j].zero_()
             else:
                 s.m[i:j].copy_(snapshot.m[i:j].to(s.m.device, non_blocking=True))
-        if s.delta is not None:
-            s.delta.zero_()
         s.version, s.tokens = snapshot.version, snapshot.tokens
         self.begin_round()
 

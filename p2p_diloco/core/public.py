@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from p2p_diloco.config import WIRE_UPDATE_CODECS
+from p2p_diloco.config import UPDATE_CODECS
 from p2p_diloco.core import codecs
 from p2p_diloco.core.codecs import EncodedVector
 from p2p_diloco.errors import CodecError
@@ -57,8 +57,8 @@ class PublicState:
     """The sender's side: its public state, its chain, and the last updates (see the module docstring)."""
 
     def __init__(self, start: torch.Tensor, codec: str, keep: int | None = None, from_init: bool = False) -> None:
-        if codec not in WIRE_UPDATE_CODECS:
-            raise CodecError(f"updates travel in {' or '.join(WIRE_UPDATE_CODECS)}, not {codec!r}")
+        if codec not in UPDATE_CODECS:
+            raise CodecError(f"updates travel in {' or '.join(UPDATE_CODECS)}, not {codec!r}")
         self.pub = start.detach().float().cpu().reshape(-1).clone()
         self.codec = codec
         self.chain = secrets.token_hex(8)

@@ -13,10 +13,6 @@ from p2p_diloco.config import CODECS, _require
 
 SIM_METHODS = ("gossip", "allreduce", "dp")
 """What the simulator compares: gossip DiLoCo, synchronous DiLoCo, data parallel."""
-PARTNER_SCHEDULES = ("permutation", "ring", "exponential")
-"""Whom a gossip island fetches each round: a shift drawn per round (every island serves one fetch),
-always the next island, or 1, 2, 4, ... apart in turn."""
-UPDATE_MIXINGS = ("choco", "pub")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,15 +37,9 @@ class SimConfig:
     """Rate of every simulated link, Mbit/s."""
     compression: str = "int8"
     """Codec applied to every exchanged state and counted in the bytes."""
-    partners: str = "permutation"
-    """One of `PARTNER_SCHEDULES`."""
-    update_k: int = 64
-    """Values kept per 4096 by `topk`; the rank of `lowrank`."""
     update_keep: int = 0
     """Updates a sender keeps; a receiver further behind fetches the public state whole (fp32). 0: as
-    many as an island keeps (`core.public.worth_keeping`; 64 for `topk`)."""
-    update_mixing: str = "choco"
-    """`choco`: move by the difference of the two public states; `pub`: mix the partner's public state."""
+    many as an island keeps (`core.public.worth_keeping`)."""
     mix_delay: int = 1
     """Rounds between a partner's state being published and being mixed (0 or 1)."""
     step_seconds: float = 0.32
@@ -76,10 +66,7 @@ class SimConfig:
                  (self.latency_ms, self.bandwidth_mbps))
         _require(self.compression in CODECS, s, "compression", f"one of {CODECS}", self.compression)
         _require(self.mix_delay in (0, 1), s, "mix_delay", "0 or 1", self.mix_delay)
-        _require(self.partners in PARTNER_SCHEDULES, s, "partners", f"one of {PARTNER_SCHEDULES}", self.partners)
-        _require(self.update_mixing in UPDATE_MIXINGS, s, "update_mixing", f"in {UPDATE_MIXINGS}", self.update_mixing)
-        _require(1 <= self.update_k <= 4096 and self.update_keep >= 0, s, "update_k/update_keep",
-                 "in [1, 4096] and >= 0", (self.update_k, self.update_keep))
+        _require(self.update_keep >= 0, s, "update_keep", ">= 0", self.update_keep)
 
     def speed(self, i: int) -> float:
         return 1.0 if self.speeds is None else self.speeds[i]

@@ -1,8 +1,8 @@
 """The simulator's `gossip` method: asynchronous gossip DiLoCo on a virtual clock.
 
 Each island's round is planned when it starts (`_plan`): how many inner steps fit, when it ends,
-whom it fetches from and after how many steps that state arrives (with `mix_at="start"` the first
-step waits for it, at most one step's time). The clock then jumps from one round's end to the next
+whom it fetches from and after how many steps that state arrives (it is mixed between the two
+inner steps it arrives between, or at the round's end). The clock then jumps from one round's end to the next
 (`run`): the islands whose rounds end at that time train them (`_train`), exchange at once if
 `mix_delay=0` (`_exchange_now`), publish, and plan their next round. With `final_mix`, each island
 mixes one partner's last state when the budget is spent (`_final_mix`). Compute time is accounted,
@@ -10,8 +10,9 @@ not slept, so a run depends only on the seed.
 
 Partners: one shift per round index, `j = i + shift (mod K)`, drawn from the round number, so
 while the islands are in step each round's choice is a permutation (every island serves one
-fetch), as partner choice spreads the load in the real swarm; an offline partner is replaced by a
-random online one. As in the swarm (`peers.partners`), a partner that has trained nothing yet (the
+fetch), as partner choice spreads the load in the real swarm; with updates (`Exchange.ring`) always
+the next island, as the swarm's ring of peer ids; an offline partner is replaced by a random
+online one. As in the swarm (`peers.partners`), a partner that has trained nothing yet (the
 initial weights everyone starts from) is not fetched: the first round mixes nothing.
 """
 
@@ -21,7 +22,8 @@ import math
 import random
 from typing import TYPE_CHECKING
 
-from p2p_diloco.core.outer import PartnerState, mix
+from p2p_diloco.core.modes import exchange_mode
+from p2p_diloco.core.outer import PartnerState
 
 if TYPE_CHECKING:
     from p2p_diloco.sim.simulator import MethodResult, Simulation
@@ -38,6 +40,7 @@ class GossipRun:
         self.s, self.sim, self.dl = simulation, simulation.sim, simulation.diloco
         K = self.sim.islands
         self.islands = simulation.make_islands()
+        self.exchange = exchange_mode(self.dl.exchange, self.dl.update_codec)
         self.rng = random.Random(self.sim.seed)
         self.round_seconds = self.dl.round_seconds or self.dl.local_steps * self.sim.step_seconds
         self.published = [simulation.snapshot(isl) for isl in self.islands]
@@ -54,11 +57,8 @@ class GossipRun:
         """Island i's partner for its next round (`final`: for the final mix, when every island is
         done and still serves its last state)."""
         K, r = self.sim.islands, self.rounds[i]
-        if self.sim.partners == "ring":  # always the next island: a receiver is never more than one update behind
+        if self.exchange.ring:  # always the next island: a receiver is never more than one update behind
             shift = 1
-        elif self.sim.partners == "exponential":  # 1, 2, 4, ... apart in turn (one-peer exponential graph)
-            shift = 2 ** (r % max(1, (K - 1).bit_length()))
-            shift = shift if shift < K else 1
         else:
             shift = 1 + random.Random(self.sim.seed * PARTNER_SEED_STRIDE + r).randrange(K - 1)
         j = (i + shift) % K
@@ -83,12 +83,10 @@ class GossipRun:
         p = {"steps": steps, "busy": steps * dt, "end": t + steps * dt, "partner": None, "arrives_after": steps}
         if sim.mix_delay == 1 and (j := self._choose(i, t)) is not None and self.published[j].tokens > 0:
             p["partner"], fetch_s = self._fetch_counted(i, j)
-            wait = min(fetch_s, dt) if self.dl.mix_at == "start" else 0.0  # the first step waits, at most a step
-            rest = fetch_s - wait  # what is left of the fetch once the inner steps run
-            self.idle[i] += wait + max(0.0, rest - p["busy"])
-            p["end"] = t + wait + max(p["busy"], rest)
-            if self.dl.mix_at != "round-end":  # mixed between the inner steps it arrives between (0: before the first)
-                p["arrives_after"] = min(steps, math.ceil(rest / dt - 1e-9))
+            self.idle[i] += max(0.0, fetch_s - p["busy"])
+            p["end"] = t + max(p["busy"], fetch_s)
+            # mixed between the inner steps it arrives between (0: before the first)
+            p["arrives_after"] = min(steps, math.ceil(fetch_s / dt - 1e-9))
         self.plans[i] = p
 
     def _fetch_counted(self, i: int, j: int) -> tuple[PartnerState, float]:
@@ -99,7 +97,7 @@ class GossipRun:
 
     def _fetch(self, i: int, j: int) -> tuple[PartnerState, int]:
         """What island i fetches of island j's published state, and the bytes it costs."""
-        return self.published[j], self.s.fetch_bytes(self.published[j], self.islands[i].state.version)
+        return self.published[j], self.s.fetch_bytes(self.published[j])
 
     def _arrived(self, i: int, partner: PartnerState) -> PartnerState:
         """What island i mixes of a fetched state, the moment it mixes it (the state itself here)."""
@@ -131,8 +129,8 @@ class GossipRun:
         for i in trained:
             if (j := self._choose(i, t)) is not None:
                 isl = self.islands[i]
-                fetch_s = self.s.link_seconds(nbytes := self.s.fetch_bytes(views[j], isl.state.version), hops=2)
-                mix(isl.state, views[j], isl.weigh([views[j]])[0][1], self.dl)
+                fetch_s = self.s.link_seconds(nbytes := self.s.fetch_bytes(views[j]), hops=2)
+                isl.mix(views[j])
                 isl.begin_round()
                 self.sent[j] += nbytes
                 self.idle[i] += fetch_s

@@ -4,10 +4,9 @@ Three methods share the data, the initial weights and the token (or time) budget
 
 - `gossip`: asynchronous gossip DiLoCo. An island fetches one partner's published state when a
   round starts (the fetch overlaps its inner steps, `mix_delay=1`, as in the real swarm) and
-  mixes it before the first inner step, which waits for it at most one step's time
-  (`mix_at="start"`), between the inner steps it arrives between (`"arrival"`) or when the round
-  ends (`"round-end"`); with `mix_delay=0` it instead fetches the partner's state published at
-  the end of the same round, waiting for the transfer. With `final_mix`, each island mixes one
+  mixes it between the inner steps it arrives between, or at the round's end; with `mix_delay=0`
+  it instead fetches the partner's state published at the end of the same round, waiting for the
+  transfer. With `final_mix`, each island mixes one
   partner's last state when the budget is spent.
 - `allreduce`: synchronous DiLoCo. Every round all islands average their pseudo-gradients; the
   round lasts as long as the slowest island plus a ring all-reduce.
@@ -34,9 +33,8 @@ from p2p_diloco.core.inner import InnerLoop, evaluate
 from p2p_diloco.core.island import Island, load_vector
 from p2p_diloco.core.model import build_model
 from p2p_diloco.errors import ConfigError
-from p2p_diloco.core.outer import (
-    BUFFER_MODES, MOMENTUM_CODECS, PartnerState, publishes_delta, publishes_momentum, wants_momentum
-)
+from p2p_diloco.core.modes import exchange_mode, momentum_mode
+from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.exchange.cost import fetch_wire_bytes
 from p2p_diloco.sim.gossip import GossipRun
 
@@ -73,7 +71,7 @@ class Simulation:
     def __init__(self, sim: SimConfig, model_cfg: ModelConfig, train_cfg: TrainConfig, diloco: DiLoCoConfig,
                  corpus: Corpus, progress=None) -> None:
         self.sim, self.model_cfg, self.diloco, self.corpus = sim, model_cfg, diloco, corpus
-        if diloco.exchange == "updates" and sim.mix_delay != 1:
+        if exchange_mode(diloco.exchange, diloco.update_codec).updates and sim.mix_delay != 1:
             raise ConfigError("diloco.exchange='updates' is simulated with mix_delay 1 only")
         self.block = model_cfg.resolved()["block_size"]
         self.step_tokens = train_cfg.batch_size * self.block
@@ -127,39 +125,31 @@ class Simulation:
     # -- gossip --------------------------------------------------------------------------------
     def snapshot(self, island: Island) -> PartnerState:
         """What a partner would receive: the published state after the codec's round trip (the
-        momentum's through `MOMENTUM_CODECS` where its mode has one)."""
-        s, c, d = island.state, self.sim.compression, self.diloco
-        m = None
-        if publishes_momentum(d, s.version):
-            mc = MOMENTUM_CODECS.get(d.momentum)
-            m = codecs.roundtrip(s.m, mc or c)
-        return PartnerState(phi=codecs.roundtrip(s.phi, c), m=m,
-                            delta=codecs.roundtrip(s.delta, c) if publishes_delta(d) else None,
-                            version=s.version, tokens=s.tokens, peer=island.name)
+        momentum's in its own codec, when it travels)."""
+        s, c, momentum = island.state, self.sim.compression, island.momentum
+        return PartnerState(phi=codecs.roundtrip(s.phi, c), m=codecs.roundtrip(s.m, momentum.codec) if momentum.travels
+                            else None, version=s.version, tokens=s.tokens, peer=island.name)
 
     def state_bytes(self, n: int) -> int:
-        """Bytes of one published state on the wire: anchor, plus momentum and delta when published."""
-        c, d = self.sim.compression, self.diloco
-        m = codecs.encoded_nbytes(n, MOMENTUM_CODECS.get(d.momentum, c)) if d.momentum in BUFFER_MODES else 0
-        return codecs.encoded_nbytes(n, c) * (1 + publishes_delta(d)) + m
+        """Bytes of one published state on the wire: anchor, plus momentum when it travels."""
+        momentum = momentum_mode(self.diloco.momentum)
+        m = codecs.encoded_nbytes(n, momentum.codec) if momentum.travels else 0
+        return codecs.encoded_nbytes(n, self.sim.compression) + m
 
-    def fetch_bytes(self, partner: PartnerState, own_version: int) -> int:
-        """Bytes a receiver at `own_version` moves to fetch a published state, both ways, message by
-        message (`exchange.cost`): the anchor, the momentum when it is published and wanted
-        (`wants_momentum`), the pseudo-gradient when published, with every header."""
-        n, c = partner.phi.numel(), self.sim.compression
-        tensors = [("phi", n, c)]
-        if partner.m is not None and wants_momentum(self.diloco, own_version, partner.version):
-            tensors.append(("m", n, MOMENTUM_CODECS.get(self.diloco.momentum, c)))
-        if partner.delta is not None:
-            tensors.append(("delta", n, c))
+    def fetch_bytes(self, partner: PartnerState) -> int:
+        """Bytes a receiver moves to fetch a published state, both ways, message by message
+        (`exchange.cost`): the anchor, and the momentum when it is published, with every header."""
+        n, momentum = partner.phi.numel(), momentum_mode(self.diloco.momentum)
+        tensors = [("phi", n, self.sim.compression)]
+        if partner.m is not None and momentum.travels:
+            tensors.append(("m", n, momentum.codec))
         key = tuple(tensors)
         if key not in self._fetch_cost:
             self._fetch_cost[key] = fetch_wire_bytes(tensors, version=1, tokens=self.sim.tokens)
         return self._fetch_cost[key]
 
     def _gossip(self) -> MethodResult:
-        if self.diloco.exchange == "updates":
+        if exchange_mode(self.diloco.exchange, self.diloco.update_codec).updates:
             from p2p_diloco.sim.public import UpdatesGossipRun
 
             return UpdatesGossipRun(self).run()

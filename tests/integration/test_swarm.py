@@ -28,9 +28,8 @@ def _serves(endpoint: str) -> bool:
 
 def test_islands_learn_and_gossip_over_the_dht(procs, tmp_path):
     _, entry = start_bootstrap(procs, tmp_path, "dht")
-    # one island mixes before its first inner step (`--mix-at start`): it learns and mixes as the others do
-    islands = [IslandProc(procs, tmp_path, f"i{k}", entry, "-H", "10", "--max-rounds", "1000",
-                          *(("--mix-at", "start") if k == 0 else ()), discovery="dht") for k in range(3)]
+    islands = [IslandProc(procs, tmp_path, f"i{k}", entry, "-H", "10", "--max-rounds", "1000", discovery="dht")
+               for k in range(3)]
     summaries = run_until_mixed(islands, 12, 150)
     ids = {s["peer_id"] for s in summaries}
     at_init = max(s["initial_loss"] for s in summaries)  # a later island may join from the swarm's state

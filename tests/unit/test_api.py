@@ -115,7 +115,7 @@ def test_only_trainable_float_parameters_travel_and_tied_weights_once():
     tied[1].weight = tied[0].weight
     assert ParamSlices(tied).numel == 40
     outer = OuterLoop("a", model, DiLoCoConfig(token_weighting=False))
-    partner = PartnerState(phi=outer.state.phi + 1, m=None, delta=None, version=0, tokens=0)
+    partner = PartnerState(phi=outer.state.phi + 1, m=None, version=0, tokens=0)
     seen, scale = model.seen.clone(), model.scale.clone()
     outer.mix_arrived(partner)
     outer.end_round([partner])
@@ -153,7 +153,7 @@ def test_a_joiner_adopts_an_encoded_state_into_its_anchor_and_weights():
     theirs = torch.randn(outer.state.phi.numel())
     m = torch.randn_like(theirs)
     enc = {k: codecs.EncodedVector(codecs.encode(v, "int8"), "int8", v.numel()) for k, v in (("phi", theirs), ("m", m))}
-    outer.adopt(PartnerState(phi=enc["phi"], m=enc["m"], delta=None, version=7, tokens=99))
+    outer.adopt(PartnerState(phi=enc["phi"], m=enc["m"], version=7, tokens=99))
     assert torch.equal(outer.state.phi, codecs.roundtrip(theirs, "int8"))
     assert torch.equal(outer.state.m, codecs.roundtrip(m, "int8"))
     assert torch.equal(outer.params_vector(), outer.state.phi) and (outer.state.version, outer.state.tokens) == (7, 99)
@@ -178,8 +178,8 @@ def test_an_island_publishes_its_momentum_in_four_bits_and_a_partner_mixes_it_re
     assert {t.name: t.codec for t in snap.manifest.tensors} == {"phi": "int8", "m": "int4"}
     theirs = partner_state(snap, m.numel(), island.fingerprint, island.run_digest)
     assert isinstance(theirs.m, EncodedVector) and torch.equal(theirs.m.float(), codecs.roundtrip(m, "int4"))
-    ours = OuterState(phi=theirs.phi.float(), m=-m.clone(), delta=None)  # the opposite direction
-    mix(ours, theirs, 0.5, island.diloco)
+    ours = OuterState(phi=theirs.phi.float(), m=-m.clone())  # the opposite direction
+    mix(ours, theirs, 0.5, island.diloco, island.outer.momentum)
     assert ours.m.norm() == pytest.approx(0.5 * m.norm() + 0.5 * theirs.m.float().norm(), rel=1e-5)
 
 

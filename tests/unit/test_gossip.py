@@ -73,7 +73,7 @@ def test_waits_for_the_partner_to_publish_the_version_asked_for(server):
 
 
 def test_wait_result_returns_the_moment_a_fetch_lands(server):
-    """What a round's start waits on (`mix_at="start"`): no polling, and nothing to wait for once taken."""
+    """What the final mix waits on: no polling, and nothing to wait for once taken."""
     _publish(server, 3)
     worker = GossipWorker(NET, timeout_s=5.0)
     assert not worker.wait_result(0.05)  # nothing runs

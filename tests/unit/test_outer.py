@@ -4,9 +4,8 @@ import pytest
 import torch
 
 from p2p_diloco.config import DiLoCoConfig
-from p2p_diloco.core.outer import (
-    OuterState, PartnerState, mix, mix_counters_, mixing_weight, nesterov_step, outer_update, staleness_discount
-)
+from p2p_diloco.core.modes import momentum_mode
+from p2p_diloco.core.outer import OuterState, PartnerState, mix, mix_counters_, mixing_weight, nesterov_, staleness_discount
 
 
 def state(phi, m=None, version=0, tokens=0):
@@ -18,14 +17,14 @@ def state(phi, m=None, version=0, tokens=0):
     return s
 
 
-def partner(phi, m=None, delta=None, version=0, tokens=0):
+def partner(phi, m=None, version=0, tokens=0):
     t = lambda v: None if v is None else torch.tensor(v, dtype=torch.float32)  # noqa: E731
-    return PartnerState(phi=t(phi), m=t(m), delta=t(delta), version=version, tokens=tokens)
+    return PartnerState(phi=t(phi), m=t(m), version=version, tokens=tokens)
 
 
 def test_nesterov_step_matches_hand_computation():
     s = state([1.0, 2.0], m=[0.5, -1.0])
-    nesterov_step(s, torch.tensor([0.1, 0.2]), lr=0.7, mu=0.9)
+    nesterov_(s.phi, s.m, torch.tensor([0.1, 0.2]), lr=0.7, mu=0.9)
     # m' = 0.9 m + delta = [0.55, -0.70]; phi' = phi - 0.7 (delta + 0.9 m') = [0.5835, 2.301]
     assert torch.allclose(s.m, torch.tensor([0.55, -0.70]), atol=1e-6)
     assert torch.allclose(s.phi, torch.tensor([0.5835, 2.301]), atol=1e-6)
@@ -34,7 +33,7 @@ def test_nesterov_step_matches_hand_computation():
 def test_two_nesterov_steps_accumulate_momentum():
     s = state([0.0])
     for _ in range(2):
-        nesterov_step(s, torch.tensor([1.0]), lr=0.5, mu=0.5)
+        nesterov_(s.phi, s.m, torch.tensor([1.0]), lr=0.5, mu=0.5)
     # step 1: m=1, phi=-0.5*(1+0.5)=-0.75; step 2: m=1.5, phi=-0.75-0.5*(1+0.75)=-1.625
     assert s.m.item() == pytest.approx(1.5)
     assert s.phi.item() == pytest.approx(-1.625)
@@ -108,12 +107,12 @@ def test_staleness_discount_falls_smoothly_to_zero_past_the_bound():
 
 
 def test_two_islands_mixing_with_equal_weights_end_identical():
-    cfg = DiLoCoConfig(momentum="mixed", mix_weight=0.5)
+    cfg = DiLoCoConfig(mix_weight=0.5)
     a, b = state([1.0, 2.0], m=[0.1, 0.0], version=3, tokens=50), state([3.0, -2.0], m=[0.3, 0.4], version=3, tokens=50)
     pa = partner(a.phi.tolist(), a.m.tolist(), version=a.version, tokens=a.tokens)
     pb = partner(b.phi.tolist(), b.m.tolist(), version=b.version, tokens=b.tokens)
-    mix(a, pb, mixing_weight(cfg, a.version, a.tokens, pb), cfg)
-    mix(b, pa, mixing_weight(cfg, b.version, b.tokens, pa), cfg)
+    mix(a, pb, mixing_weight(cfg, a.version, a.tokens, pb), cfg, momentum_mode(cfg.momentum))
+    mix(b, pa, mixing_weight(cfg, b.version, b.tokens, pa), cfg, momentum_mode(cfg.momentum))
     assert torch.equal(a.phi, b.phi) and torch.equal(a.m, b.m)
     assert torch.allclose(a.phi, torch.tensor([2.0, 0.0]))
 
@@ -121,30 +120,11 @@ def test_two_islands_mixing_with_equal_weights_end_identical():
 def test_local_momentum_is_not_mixed():
     cfg = DiLoCoConfig(momentum="local")
     a = state([0.0], m=[1.0])
-    mix(a, partner([2.0], m=[5.0]), 0.5, cfg)
+    mix(a, partner([2.0], m=[5.0]), 0.5, cfg, momentum_mode("local"))
     assert a.phi.item() == pytest.approx(1.0) and a.m.item() == pytest.approx(1.0)
 
 
-def test_outer_update_mixes_before_the_own_step():
-    """The partner's state is contemporaneous with our anchor before this round's step."""
-    cfg = DiLoCoConfig(outer_lr=1.0, outer_momentum=0.0, mix_pseudo_gradient=False, token_weighting=False)
-    s = state([0.0], version=4, tokens=10)
-    outer_update(s, torch.tensor([1.0]), [(partner([2.0], version=4, tokens=10), 0.5)], cfg)
-    # mixed anchor 1.0, then our step of -1.0: the step is kept whole, not halved by the mix
-    assert s.phi.item() == pytest.approx(0.0)
-    assert s.version == 5
-
-
-def test_outer_update_averages_pseudo_gradients_when_asked():
-    cfg = DiLoCoConfig(outer_lr=1.0, outer_momentum=0.0, mix_pseudo_gradient=True)
-    s = state([0.0])
-    outer_update(s, torch.tensor([1.0]), [(partner([0.0], delta=[3.0]), 0.5)], cfg)
-    assert s.phi.item() == pytest.approx(-2.0)
-    assert s.delta.item() == pytest.approx(1.0)  # what we publish is our own delta
-
-
-def test_mixing_on_arrival_keeps_the_islands_own_pseudo_gradient():
-    """Anchor and running weights move by the same shift, so `phi - theta` is still our own progress."""
+def island(cfg):
     from p2p_diloco.config import ModelConfig, TrainConfig
     from p2p_diloco.core.data import BatchSampler
     from p2p_diloco.core.island import Island
@@ -153,45 +133,69 @@ def test_mixing_on_arrival_keeps_the_islands_own_pseudo_gradient():
     torch.manual_seed(0)
     model = build_model(ModelConfig(n_layer=1, n_embd=16, n_head=2, block_size=8))
     data = torch.randint(0, 256, (4096,), dtype=torch.uint8)
-    isl = Island("a", model, TrainConfig(batch_size=2, warmup_steps=0), DiLoCoConfig(token_weighting=False),
-                 BatchSampler(data, 8, 2, seed=0))
+    return Island("a", model, TrainConfig(batch_size=2, warmup_steps=0), cfg, BatchSampler(data, 8, 2, seed=0))
+
+
+def test_the_round_end_mixes_before_the_own_step():
+    """A partner's state that arrives after the last inner step is contemporaneous with our anchor
+    before this round's step: it is mixed into that anchor, and our own step is kept whole."""
+    cfg = DiLoCoConfig(outer_lr=1.0, outer_momentum=0.0, token_weighting=False, momentum="local")
+    isl = island(cfg)
+    for _ in range(2):
+        isl.inner_step()
+    own, anchor = isl.pseudo_gradient(), isl.state.phi.clone()
+    (a,) = isl.end_round([PartnerState(phi=anchor + 2.0, m=None, version=0, tokens=0)])
+    assert a == pytest.approx(0.5) and isl.state.version == 1
+    assert torch.allclose(isl.state.phi, anchor + 1.0 - own, atol=1e-6)
+    assert torch.allclose(isl.params_vector(), isl.state.phi)  # the next round starts from the new anchor
+
+
+def test_a_given_pseudo_gradient_replaces_the_own():
+    """Synchronous all-reduce passes the mean pseudo-gradient; the step is taken slice by slice."""
+    cfg = DiLoCoConfig(outer_lr=0.5, outer_momentum=0.5)
+    isl = island(cfg)
+    anchor, mean = isl.state.phi.clone(), torch.linspace(-1, 1, isl.state.phi.numel())
+    isl.inner_step()
+    isl.end_round([], delta=mean)
+    m = mean.clone()
+    assert torch.equal(isl.state.m, m) and torch.allclose(isl.state.phi, anchor - 0.5 * (mean + 0.5 * m))
+
+
+def test_mixing_on_arrival_keeps_the_islands_own_pseudo_gradient():
+    """Anchor and running weights move by the same shift, so `phi - theta` is still our own progress."""
+    isl = island(DiLoCoConfig(token_weighting=False))
     for _ in range(3):
         isl.inner_step()
     own, anchor = isl.pseudo_gradient(), isl.state.phi.clone()
-    other = PartnerState(phi=anchor + 1.0, m=None, delta=None, version=isl.state.version, tokens=0)
+    other = PartnerState(phi=anchor + 1.0, m=None, version=isl.state.version, tokens=0)
     theta = isl.params_vector()
     a = isl.mix_arrived(other)
     assert a == pytest.approx(0.5) and torch.allclose(isl.params_vector() - theta, torch.full_like(anchor, 0.5))
     assert torch.allclose(isl.state.phi, anchor + 0.5)
     assert torch.allclose(isl.pseudo_gradient(), own, atol=1e-6)
-    isl.end_round([])  # our own step from the mixed anchor; the next round starts with no arrivals
-    assert isl.state.version == 1 and isl.arrived == []
+    isl.end_round([])  # our own step from the mixed anchor
+    assert isl.state.version == 1
 
 
-def test_momentum_variants_mix_what_they_say():
-    from p2p_diloco.core.outer import publishes_momentum, wants_momentum
-
-    def mixed(mode, own_version=3, partner_version=3, own_m=(1.0, 0.0), their_m=(0.0, 1.0), **kw):
-        cfg = DiLoCoConfig(momentum=mode, **kw)
-        s = state([0.0, 0.0], m=list(own_m), version=own_version, tokens=10)
-        s.delta = torch.tensor([1.0, 1.0])
-        mix(s, partner([2.0, 0.0], m=list(their_m), delta=[3.0, 1.0], version=partner_version, tokens=10), 0.5, cfg)
+@pytest.mark.parametrize("mode", ["rescaled-int4", "rescaled-sign"])
+def test_travelling_momentum_is_blended_and_rescaled(mode):
+    def mixed(own_m, their_m):
+        s = state([0.0, 0.0], m=list(own_m), version=3, tokens=10)
+        mix(s, partner([2.0, 0.0], m=list(their_m), version=3, tokens=10), 0.5, DiLoCoConfig(momentum=mode),
+            momentum_mode(mode))
         return s.m.tolist()
 
-    assert mixed("local") == [1.0, 0.0]
-    assert mixed("mixed") == [0.5, 0.5]
-    assert mixed("same-version") == [0.5, 0.5]
-    assert mixed("same-version", partner_version=2) == [1.0, 0.0]  # a version apart: kept
-    # opposite directions would shrink the blend; rescaled keeps the interpolated norm
-    assert mixed("rescaled") == pytest.approx([2**-0.5, 2**-0.5])
-    assert mixed("rescaled", own_m=(2.0, 0.0), their_m=(-2.0, 0.0)) == [0.0, 0.0]  # nothing to rescale
-    # the newest term of the buffer averaged: m + a (delta_j - delta_i)
-    assert mixed("partner-delta") == pytest.approx([2.0, 0.0])
-    # the anchor's shift (+1, 0) echoes in the momentum: m - shift / outer_lr
-    assert mixed("noloco", outer_lr=0.5) == pytest.approx([-1.0, 0.0])
-    alternate = DiLoCoConfig(momentum="alternate")
-    assert [publishes_momentum(alternate, v) for v in range(4)] == [True, False, True, False]
-    assert not publishes_momentum(DiLoCoConfig(momentum="local"), 0)
-    assert publishes_momentum(DiLoCoConfig(), 0) and publishes_momentum(DiLoCoConfig(momentum="mixed-int4"), 1)
-    assert wants_momentum(DiLoCoConfig(momentum="same-version"), 4, 4)
-    assert not wants_momentum(DiLoCoConfig(momentum="same-version"), 4, 5)
+    # opposite directions would shrink the blend; the rescale keeps the interpolated norm
+    assert mixed((1.0, 0.0), (0.0, 1.0)) == pytest.approx([2**-0.5, 2**-0.5])
+    assert mixed((2.0, 0.0), (-2.0, 0.0)) == [0.0, 0.0]  # nothing to rescale
+    assert momentum_mode(mode).travels and momentum_mode(mode).codec == mode.removeprefix("rescaled-")
+
+
+def test_local_momentum_travels_not_and_a_removed_mode_is_a_config_error():
+    from p2p_diloco.errors import ConfigError
+
+    assert not momentum_mode("local").travels
+    with pytest.raises(ConfigError, match="momentum must be one of rescaled-int4, rescaled-sign, local"):
+        momentum_mode("noloco")
+    with pytest.raises(ConfigError, match="diloco.momentum"):
+        DiLoCoConfig(momentum="mixed")

@@ -1,0 +1,98 @@
+"""The modes that ship, as small strategy objects chosen once from the config.
+
+Each setting that changes what an island sends or how it mixes names one object here; the code
+that runs a round asks that object, never the setting's string:
+
+- `Momentum`: how the outer momentum travels and mixes. `rescaled-int4` (the default) publishes
+  it in 4 bits beside the anchor, blends it with the partner's weight and rescales the blend to
+  the interpolated norm of the two buffers; `rescaled-sign` does the same with signs and one
+  magnitude per block; `local` keeps each island's momentum to itself (NoLoCo).
+- `Exchange`: what an island sends. `state`: its whole state each round, partners drawn by
+  `peers.partners`; `updates`: compressed updates of a public state (`core.public`), partners on
+  the ring of peer ids, momentum local.
+
+What each mode measured, and the variants that were removed, are in BENCHMARKS.md ("Quality:
+momentum that travels", "Bandwidth: sending what changed", "Modes removed").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from p2p_diloco.config import EXCHANGES, MOMENTUM_MODES, UPDATE_CODECS
+from p2p_diloco.errors import ConfigError
+
+
+def blend_(x: torch.Tensor, y: torch.Tensor, a: float) -> torch.Tensor:
+    """`x <- (1-a) x + a y` in place; written so that a=1/2 is exactly symmetric in x and y.
+
+    `y` may live on another device or still be encoded (`codecs.EncodedVector`): callers pass a
+    slice, which decodes and moves as it is read.
+    """
+    return x.mul_(1 - a).add_(y.to(x.device, non_blocking=True), alpha=a)
+
+
+@dataclass(frozen=True)
+class Momentum:
+    """How the outer momentum travels: `codec` is what it is published in (None: it stays local)."""
+
+    name: str
+    codec: str | None
+
+    @property
+    def travels(self) -> bool:
+        """Whether the momentum is published and a partner's is mixed."""
+        return self.codec is not None
+
+    def mix_(self, m: torch.Tensor, theirs: torch.Tensor, a: float) -> None:
+        """Mix a partner's momentum slice `theirs` into ours, `m`, with weight `a` (nothing when local).
+
+        Blended, then scaled to `(1-a) |m| + a |theirs|`: two momenta pointing in different
+        directions would otherwise shrink each other at every mix."""
+        if not self.travels:
+            return
+        theirs = theirs.to(m.device, non_blocking=True)
+        target = (1 - a) * m.norm() + a * theirs.norm()
+        blend_(m, theirs, a)
+        if (norm := m.norm()) > 0:
+            m.mul_(target / norm)
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """What an island sends: whole states, or `update_codec` updates of a public state."""
+
+    name: str
+    update_codec: str | None = None
+
+    @property
+    def updates(self) -> bool:
+        """Public-state updates (`core.public`), not whole states."""
+        return self.update_codec is not None
+
+    @property
+    def ring(self) -> bool:
+        """Partners follow the ring of peer ids (a receiver then lacks one update per round)."""
+        return self.updates
+
+
+MOMENTA = {"rescaled-int4": Momentum("rescaled-int4", "int4"), "rescaled-sign": Momentum("rescaled-sign", "sign"),
+           "local": Momentum("local", None)}
+
+
+def momentum_mode(name: str) -> Momentum:
+    """The `Momentum` named `name` (`DiLoCoConfig.momentum`)."""
+    try:
+        return MOMENTA[name]
+    except KeyError:
+        raise ConfigError(f"momentum must be one of {', '.join(MOMENTUM_MODES)}, got {name!r}") from None
+
+
+def exchange_mode(name: str, update_codec: str) -> Exchange:
+    """The `Exchange` of `DiLoCoConfig.exchange` and `update_codec`."""
+    if name not in EXCHANGES or update_codec not in UPDATE_CODECS:
+        raise ConfigError(f"exchange must be one of {', '.join(EXCHANGES)} and update_codec one of "
+                          f"{', '.join(UPDATE_CODECS)}, got {name!r} and {update_codec!r}")
+    return Exchange(name, update_codec if name == "updates" else None)
