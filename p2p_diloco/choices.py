@@ -29,7 +29,7 @@ DEVICE_RE = r"^(auto|cpu|mps|cuda(:\d+)?)$"
 PRECISIONS = ("fp32", "bf16")
 """Precisions of the inner forward and backward pass (`p2p_diloco.core.device.autocast`)."""
 POISONS = ("nan", "scale", "random", "other-run")
-"""What a hostile test double publishes (`join --poison`, `p2p_diloco.peers.poison`)."""
+"""What a hostile test double publishes (`bench member --poison`, `p2p_diloco.bench.member`)."""
 MODEL_PRESETS: dict[str, dict[str, int]] = {
     # ~0.84M parameters: tests and CPU demos
     "tiny": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 128},

@@ -22,7 +22,7 @@ from typing import Any
 from p2p_diloco import addresses
 from p2p_diloco.choices import (  # noqa: F401 - importers take these from p2p_diloco.config too
     CODECS, DEVICE_RE, DEVICES_HELP, DHT_PORT_OFFSET, DISCOVERY_KINDS, EXCHANGES, MODEL_PRESETS, MOMENTUM_MODES,
-    POISONS, PRECISIONS, PX_PORT_OFFSET, REACH_MODES, UPDATE_CODECS, WIRE_CODECS
+    PRECISIONS, PX_PORT_OFFSET, REACH_MODES, UPDATE_CODECS, WIRE_CODECS
 )
 from p2p_diloco.errors import ConfigError
 
@@ -355,11 +355,6 @@ class IslandConfig:
     """Label for logs and the progress line (default: the peer id's prefix)."""
     quiet: bool = False
     """No progress lines on stderr."""
-    slowdown: float = 1.0
-    """Fault injection: after each inner step, idle (slowdown - 1) times its duration, as a slower machine would."""
-    poison: str | None = None
-    """Fault injection: publish poisoned states (`nan`, `scale`, `random`, `other-run`): a hostile
-    member, as a test double (`p2p_diloco.peers.poison`)."""
 
     def __post_init__(self) -> None:
         s = "island"
@@ -373,6 +368,5 @@ class IslandConfig:
                      "> 0" + (" or unset" if name.startswith("max_") else ""), v)
         _require(0 <= self.port <= 65535, s, "port", "in [0, 65535]", self.port)
         _require(self.reach in REACH_MODES, s, "reach", f"one of {REACH_MODES}", self.reach)
-        _require(self.poison in (None, *POISONS), s, "poison", f"unset or one of {POISONS}", self.poison)
         _require(0.0 <= self.same_version_wait <= 1.0 and 0.0 <= self.max_stretch <= 1.0, s,
                  "same_version_wait/max_stretch", "in [0, 1]", (self.same_version_wait, self.max_stretch))

@@ -127,11 +127,12 @@ class Swarm:
             time.sleep(0.2)
         raise RuntimeError(f"the bootstrap node did not start; see {self.workdir / 'bootstrap.log'}")
 
-    def start_island(self, name: str, args: list[str]) -> subprocess.Popen:
+    def start_island(self, name: str, args: list[str], command: tuple[str, ...] = ("join",)) -> subprocess.Popen:
+        """An island process: `join` (or `command`, which takes join's options: `bench member`)."""
         boot = [a for addr in self.bootstrap_addr for a in ("--bootstrap", addr)]
         out = open(self.workdir / f"{name}.json", "w")
-        return self._spawn(_cli("join", *boot, "--run-dir", str(self.workdir / name), "--name", name, "--json", *args),
-                           f"{name}.log", stdout=out)
+        return self._spawn(_cli(*command, *boot, "--run-dir", str(self.workdir / name), "--name", name, "--json",
+                                *args), f"{name}.log", stdout=out)
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM each process itself (not its group: an island's libp2p daemon must outlive it long

@@ -106,10 +106,6 @@ class SwarmIsland(RoundsMixin):
         self.catch_up = None
         """The download of the freshest states, while this island catches up (`peers.state.CatchUp`)."""
         self.guard = DivergenceGuard(self)
-        if self.cfg.poison:
-            from p2p_diloco.peers.poison import poison
-
-            poison(self, self.cfg.poison)
         self.gossip = GossipWorker(self.network, timeout_s=self.network.fetch_timeout_s,
                                    measure=lambda snap: relative_distance(self.outer.state.phi, snap.tensors["phi"]),
                                    push_source=self.server.latest if self.reach.mode == "outbound" else None,

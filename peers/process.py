@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+from typing import Callable
 
 import torch
 
@@ -70,8 +71,12 @@ class _StopFlag:
 
 def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig, diloco: DiLoCoConfig,
                network: NetworkConfig, discovery: DiscoveryConfig, data: str | None = None,
-               vocab_size: int | None = None) -> tuple[int, dict]:
-    """Run one island until a limit or a signal. Returns (exit code, summary; empty on ranks > 0)."""
+               vocab_size: int | None = None, trainer_type: Callable[..., Trainer] = Trainer,
+               on_island: Callable[[SwarmIsland], None] | None = None) -> tuple[int, dict]:
+    """Run one island until a limit or a signal. Returns (exit code, summary; empty on ranks > 0).
+
+    `trainer_type(model, train_cfg)` builds the inner loop and `on_island(island)` sees the island
+    before it starts: the fault injection of benchmarks and tests goes there (`bench.member`)."""
     device = resolve_device(train_cfg.device)
     group = IntraIsland.init_from_env(device)
     stop = _StopFlag()
@@ -86,7 +91,7 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
         model = build_model(model_cfg, corpus.vocab_size).to(device)
         if group is not None:
             model = group.wrap(model)
-        trainer = Trainer(model, train_cfg)
+        trainer = trainer_type(model, train_cfg)
         if group is not None and group.rank > 0:
             island = RankFollower(model, group)
             seed = group.share(0) + group.rank
@@ -97,13 +102,15 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
                                  extra_state=trainer, group=group)
             seed = int.from_bytes(hashlib.sha256(island.peer_id.encode()).digest()[:4], "little")
             seed = seed if group is None else group.share(seed)
+            if on_island is not None:
+                on_island(island)
         trainer.sampler = BatchSampler(corpus.train, block, train_cfg.batch_size, seed)
         stop.island = island
         if stop.signum is not None:
             island.stop()
         by_time = bool(cfg.max_seconds and not (cfg.max_tokens or cfg.max_rounds))
         with island:
-            train(island, trainer, cfg.max_seconds, size_by_time=by_time, slowdown=cfg.slowdown)
+            train(island, trainer, cfg.max_seconds, size_by_time=by_time)
         return stop.exit_code, island.close()
     finally:
         if isinstance(island, SwarmIsland):  # idempotent; covers a failure before `with` too

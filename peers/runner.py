@@ -10,7 +10,6 @@ stream and the schedule where they were.
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any
 
 import torch
@@ -52,19 +51,15 @@ class Trainer:
         self.size_schedule(int(state["total_steps"]))
 
 
-def train(island: Any, trainer: Trainer, max_seconds: float | None = None, size_by_time: bool = False,
-          slowdown: float = 1.0) -> None:
+def train(island: Any, trainer: Trainer, max_seconds: float | None = None, size_by_time: bool = False) -> None:
     """Inner steps and `island.step()` until the island is done.
 
     With `size_by_time` (a budget in seconds only), the cosine schedule is sized from the speed of
-    the first round. `slowdown` > 1 idles after each step (fault injection: a slower machine).
+    the first round.
     """
     sized = not size_by_time or island.round > 0  # resumed: the schedule came back with the checkpoint
     while not island.done:
-        started = time.monotonic()
         loss = trainer.step()
-        if slowdown > 1:
-            time.sleep((slowdown - 1) * (time.monotonic() - started))
         island.step(loss=loss, tokens=trainer.tokens_per_step)
         if not sized and island.round >= 1:
             per_s = trainer.inner.step / max(island.inner_seconds, 1e-6)

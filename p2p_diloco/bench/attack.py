@@ -1,6 +1,6 @@
 """`p2p-diloco bench attack`: honest islands with one hostile member among them, as processes.
 
-For each kind of poison (`peers/poison.py`: NaN, weights x1e6, a random state, another run's
+For each kind of poison (`bench/member.py`: NaN, weights x1e6, a random state, another run's
 state) the swarm runs with `honest` honest islands and one hostile island (a test double that
 trains honestly and publishes the poison), all real `join` processes on loopback with the
 default settings and an emulated WAN link; once more without the hostile island, a bystander
@@ -23,7 +23,7 @@ from p2p_diloco.bench.swarm import rounds
 from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
 from p2p_diloco.peers import checkpoint
 from p2p_diloco.peers.demo import Swarm
-from p2p_diloco.peers.poison import KINDS
+from p2p_diloco.choices import POISONS as KINDS
 
 TOKENS_PER_ISLAND = 368_640
 """What each island of `bench swarm`'s default run trains (1.5M tokens over 4 islands, whole rounds)."""
@@ -42,7 +42,7 @@ def _run(workdir: Path, honest: int, poison: str | None, tokens: int, latency_ms
         swarm.start_bootstrap()
         procs = [swarm.start_island(n, args) for n in names]
         if poison is not None:
-            procs.append(swarm.start_island("hostile", [*args, "--poison", poison]))
+            procs.append(swarm.start_island("hostile", [*args, "--poison", poison], command=("bench", "member")))
         else:  # the same load on the machine: a fourth island that trains alone, in another run
             procs.append(swarm.start_island("bystander", [*args, "--run-id", "attack-bystander", "--wait-for", "1"]))
         for p in procs:

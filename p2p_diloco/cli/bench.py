@@ -8,8 +8,10 @@ from pathlib import Path
 import click
 
 from p2p_diloco.bench.round import DEFAULT_PARAMS
+from p2p_diloco.cli.join import join, run_join
 from p2p_diloco.cli.options import codec_option, csv, user_errors
-from p2p_diloco.config import EXCHANGES, MOMENTUM_MODES, POISONS, WIRE_CODECS, UPDATE_CODECS, DiLoCoConfig
+from p2p_diloco.choices import POISONS
+from p2p_diloco.config import EXCHANGES, MOMENTUM_MODES, UPDATE_CODECS, WIRE_CODECS, DiLoCoConfig
 from p2p_diloco.sim.config import SimConfig
 
 
@@ -158,3 +160,16 @@ def bench_attack(kinds, honest, tokens, workdir, as_json) -> None:
         click.echo(f"{kind:>10}: eval loss {', '.join(f'{x:.4f}' for x in a['eval_loss'])} "
                    f"(worst x{a['worst_ratio_to_clean']:.4f} of the clean run); hostile states refused "
                    f"{a['hostile_states_refused']}, mixed {a['hostile_states_mixed']}")
+
+
+@bench.command("member", hidden=True, params=[
+    *(p for p in join.params if p.name not in ("slowdown", "poison")),  # join's, less its retired fault options
+    click.Option(["--slowdown"], type=click.FloatRange(min=1.0), default=1.0, show_default=True,
+                 help="Run this many times slower than the machine allows (idle after each inner step)."),
+    click.Option(["--poison"], type=click.Choice(POISONS), default=None,
+                 help="Publish poisoned states instead of the island's own: a hostile member.")])
+def bench_member(slowdown, poison, **kw) -> None:
+    """`join` with faults injected (a test double for benchmarks and tests, `bench/member.py`)."""
+    from p2p_diloco.bench.member import faults
+
+    run_join(kw, **faults(slowdown, poison))

@@ -15,11 +15,9 @@ import click
 
 from p2p_diloco.cli.options import (
     build_configs, device_options, diloco_options, discovery_config, discovery_options, model_options, network_config,
-    network_options, swarm_secret, user_errors
+    network_options, retired_option, swarm_secret, user_errors
 )
-from p2p_diloco.config import (
-    DHT_PORT_OFFSET, POISONS, PX_PORT_OFFSET, REACH_MODES, DiLoCoConfig, IslandConfig, TrainConfig
-)
+from p2p_diloco.config import DHT_PORT_OFFSET, PX_PORT_OFFSET, REACH_MODES, DiLoCoConfig, IslandConfig, TrainConfig
 
 I = IslandConfig
 
@@ -66,12 +64,15 @@ I = IslandConfig
 @click.option("--name", default=I.name, help="Label for the progress line.")
 @click.option("--quiet", is_flag=True, default=I.quiet, help="No progress lines.")
 @click.option("--json", "as_json", is_flag=True, help="Print the island's summary as JSON at exit.")
-@click.option("--slowdown", type=click.FloatRange(min=1.0), default=I.slowdown, hidden=True,
-              help="Fault injection: run this many times slower than the machine allows.")
-@click.option("--poison", type=click.Choice(POISONS), default=I.poison, hidden=True,
-              help="Fault injection: a hostile member that publishes poisoned states (a test double).")
+@retired_option("--slowdown", "fault injection lives in `p2p-diloco bench member --slowdown`", figures=False)
+@retired_option("--poison", "fault injection lives in `p2p-diloco bench member --poison`", figures=False)
 def join(**kw) -> None:
     """Start an island: find the swarm, train rounds, gossip with partners, checkpoint."""
+    run_join(kw)
+
+
+def run_join(kw: dict, **faults) -> None:
+    """The body of `join` (and of `bench member`, which passes `faults` on to `run_island`)."""
     import torch
 
     from p2p_diloco.core.device import autocast, resolve_device
@@ -95,9 +96,10 @@ def join(**kw) -> None:
                               port=port, reach=kw["reach"], max_tokens=kw["max_tokens"], max_rounds=kw["max_rounds"],
                               max_seconds=kw["max_seconds"], resume=kw["resume"], eval_every=kw["eval_every"],
                               checkpoint_every=kw["checkpoint_every"], name=kw["name"], quiet=kw["quiet"],
-                              slowdown=kw["slowdown"], poison=kw["poison"], wait_for=kw["wait_for"],
+                              wait_for=kw["wait_for"],
                               same_version_wait=kw["same_version_wait"], max_stretch=kw["max_stretch"])
-        code, summary = run_island(island, model, train, diloco, network, discovery, data, vocab_size=vocab_size)
+        code, summary = run_island(island, model, train, diloco, network, discovery, data, vocab_size=vocab_size,
+                                   **faults)
     if as_json and summary:  # ranks other than 0 of a torchrun island have no summary
         click.echo(json.dumps(summary))
     sys.exit(code)

@@ -111,13 +111,14 @@ class Retiring(click.Choice):
         return super().convert(value, param, ctx)
 
 
-def retired_option(decl: str, replacement: str, **kw: Any) -> Callable:
+def retired_option(decl: str, replacement: str, figures: bool = True, **kw: Any) -> Callable:
     """A removed option, hidden: given on the command line or in a config file, it is a one-line
-    usage error naming its replacement, instead of click's bare "no such option"."""
+    usage error naming its replacement (and, for a removed mode, where its figures are), instead of
+    click's bare "no such option"."""
 
     def refuse(_ctx, param, value):
         if value is not None:
-            raise click.UsageError(f"{param.opts[0]} was removed: {replacement} ({REMOVED_MODES})")
+            raise click.UsageError(f"{param.opts[0]} was removed: {replacement}" + (f" ({REMOVED_MODES})" if figures else ""))
 
     return click.option(decl, default=None, hidden=True, expose_value=False, callback=refuse, **kw)
 

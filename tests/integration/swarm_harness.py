@@ -21,9 +21,11 @@ SMALL_MODEL = ["--n-layer", "2", "--n-embd", "64", "--n-head", "4", "--block-siz
 
 class IslandProc:
     def __init__(self, procs, tmp: Path, name: str, bootstrap: list[str], *args: str, discovery: str = "zmq",
-                 run_id: str = "swarm", launcher: list[str] | None = None, run_dir: Path | None = None) -> None:
+                 run_id: str = "swarm", launcher: list[str] | None = None, run_dir: Path | None = None,
+                 command: tuple[str, ...] = ("join",)) -> None:
+        """`command`: `join`, or `("bench", "member")` for an island with faults injected."""
         self.name, self.run_dir = name, run_dir or tmp / name
-        cmd = [*(launcher or [sys.executable]), "-m", "p2p_diloco", "join", "--run-id", run_id, "--discovery", discovery,
+        cmd = [*(launcher or [sys.executable]), "-m", "p2p_diloco", *command, "--run-id", run_id, "--discovery", discovery,
                "--run-dir", str(self.run_dir), "--name", name, "--json", "--eval-every", "2", "--checkpoint-every", "2",
                *SMALL_MODEL, *args]
         for b in bootstrap:

@@ -70,7 +70,7 @@ def test_killed_partner_does_not_stall_the_others(procs, tmp_path):
 
 def test_slow_island_does_not_slow_the_others(procs, tmp_path):
     _, entry = start_bootstrap(procs, tmp_path)
-    slow = IslandProc(procs, tmp_path, "slow", entry, "-H", "10", "--slowdown", "10")
+    slow = IslandProc(procs, tmp_path, "slow", entry, "-H", "10", "--slowdown", "10", command=("bench", "member"))
     # no evaluation or checkpoint mid-run: with rounds of ~0.1 s they would be a fifth of the wall time
     fast = [IslandProc(procs, tmp_path, f"f{k}", entry, "-H", "10", "--max-rounds", "12", "--eval-every", "100",
                        "--checkpoint-every", "100") for k in range(2)]
@@ -188,3 +188,22 @@ def test_islands_that_exchange_public_state_updates_learn_on_a_fraction_of_the_b
         update_rounds = [r["bytes_in"] for r in isl.rounds() if r.get("weight") and r["version"] > 6]
         assert update_rounds and statistics.median(update_rounds) < int8_state / 3, (update_rounds, int8_state)
         assert not any(r.get("refused") for r in isl.rounds())
+
+
+def test_a_hostile_member_publishing_nan_is_refused_and_the_honest_ones_train_on(procs, tmp_path):
+    """`bench member --poison nan` (the test double of `bench attack`): NaN scales on the wire are
+    refused at arrival, counted, and never mixed; the honest islands learn from each other."""
+    _, entry = start_bootstrap(procs, tmp_path)
+    hostile = IslandProc(procs, tmp_path, "hostile", entry, "-H", "5", "--max-rounds", "1000", "--poison", "nan",
+                         command=("bench", "member"))
+    honest = [IslandProc(procs, tmp_path, f"h{k}", entry, "-H", "5", "--max-rounds", "1000") for k in range(2)]
+    bad = hostile.peer_id
+    for isl in honest:
+        wait_until(lambda: any(bad in r.get("refused_from", []) or (r.get("partner") == bad and r.get("refused"))
+                               for r in isl.rounds()) or isl.proc.poll() is not None, 150, f"{isl.name} to refuse")
+    summaries = run_until_mixed(honest, 4, 120)
+    for isl, s in zip(honest, summaries):
+        assert s["refused"] >= 1 and bad not in isl.mixed_partners(), s
+        assert s["eval_loss"] < s["initial_loss"]
+    hostile.signal(signal.SIGTERM)
+    assert hostile.proc.wait(30) == 143, hostile.tail()

@@ -1,0 +1,91 @@
+"""Fault injection for benchmarks and tests: a member that is slower, or hostile (`p2p-diloco bench member`).
+
+The command is `join` with two more options; the faults enter through `peers.process.run_island`'s
+two hooks (`trainer_type`, `on_island`), so nothing of them is in the product's own path:
+
+- `--slowdown X`: after each inner step the island idles (X - 1) times the step's duration, as a
+  slower machine would (`SlowTrainer`);
+- `--poison KIND`: the island trains honestly but publishes a poisoned state instead of its own
+  (`PoisonedPublisher`), holding the swarm secret and a valid record, like a member gone bad:
+  `nan` (its anchor with NaN values, sent as NaN scales of its int8 blocks, as an implementation
+  without a finiteness check would), `scale` (its anchor times 1e6), `random` (random values of
+  its anchor's scale), `other-run` (the same training on top of other initial weights).
+
+`p2p-diloco bench attack` measures the swarm's defences against each poison (BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import Callable
+
+import torch
+
+from p2p_diloco.choices import POISONS
+from p2p_diloco.config import TrainConfig
+from p2p_diloco.core import codecs
+from p2p_diloco.peers.island import SwarmIsland
+from p2p_diloco.peers.publishing import Publisher
+from p2p_diloco.peers.runner import Trainer
+
+log = logging.getLogger(__name__)
+KINDS = POISONS
+
+
+class SlowTrainer(Trainer):
+    """The project's inner loop, `factor` times slower: each step is followed by an idle wait."""
+
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, factor: float = 1.0) -> None:
+        super().__init__(model, cfg)
+        self.factor = factor
+
+    def step(self) -> float:
+        started = time.monotonic()
+        loss = super().step()
+        time.sleep((self.factor - 1) * (time.monotonic() - started))
+        return loss
+
+
+class PoisonedPublisher(Publisher):
+    """Publishes `kind` (see the module docstring) in place of the island's honest state."""
+
+    def __init__(self, honest: Publisher, kind: str) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"unknown poison {kind!r}; choose one of {', '.join(KINDS)}")
+        meta = honest.meta
+        super().__init__(honest.server, honest.outer, honest.exchange, meta["peer_id"], meta["model"], meta["run"])
+        self.kind = kind
+        self.initial = honest.outer.state.phi.clone()
+        self.gen = torch.Generator().manual_seed(1234)
+        self.other_initial = (torch.randn(self.initial.numel(), generator=self.gen) * self.initial.std()
+                              + self.initial.mean())
+
+    def tensors(self) -> dict:
+        phi = self.outer.state.phi.detach().cpu()
+        if self.kind == "nan":  # encoded by hand: the server's own publish check would refuse NaN values
+            enc = codecs.encode(phi, "int8").clone()
+            enc[: 4 * 16].view(torch.float32)[:] = float("nan")  # the scales of the first 16 blocks
+            return {"phi": codecs.EncodedVector(enc, "int8", phi.numel())}
+        if self.kind == "scale":
+            return {"phi": phi * 1e6}
+        if self.kind == "random":
+            return {"phi": torch.randn(phi.numel(), generator=self.gen) * phi.std()}
+        return {"phi": phi - self.initial + self.other_initial}
+
+
+def poison(island: SwarmIsland, kind: str) -> None:
+    """Make `island` publish `kind` from its first publish on."""
+    island.publisher = PoisonedPublisher(island.publisher, kind)
+    log.warning("fault injection: %s publishes %s states", island.name, kind)
+
+
+def faults(slowdown: float = 1.0, poison_kind: str | None = None) -> dict[str, Callable]:
+    """`run_island`'s hooks for these faults (none: the island is an honest `join`)."""
+    out: dict[str, Callable] = {}
+    if slowdown > 1:
+        out["trainer_type"] = functools.partial(SlowTrainer, factor=slowdown)
+    if poison_kind is not None:
+        out["on_island"] = functools.partial(poison, kind=poison_kind)
+    return out
