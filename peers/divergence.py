@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from p2p_diloco.core.codecs import all_finite
+from p2p_diloco.core.island import OuterLoop
 
 log = logging.getLogger(__name__)
 BAD_STEPS = 3
@@ -32,10 +33,13 @@ LR_CUT = 0.5
 
 
 class DivergenceGuard:
-    """Watches one island's losses and weights; rolls it back when it diverges (see the module docstring)."""
+    """Watches one island's losses and weights; rolls it back when it diverges (see the module docstring).
 
-    def __init__(self, island: Any) -> None:
-        self.island = island
+    It owns nothing but its counts: it acts on the island's outer loop (weights and anchor), its
+    inner optimizer and, when there is one, the scheduler (anything with `base_lrs`)."""
+
+    def __init__(self, name: str, outer: OuterLoop, optimizer: torch.optim.Optimizer, scheduler: Any = None) -> None:
+        self.name, self.outer, self.optimizer, self.scheduler = name, outer, optimizer, scheduler
         self.bad_in_a_row = 0
         self.rollbacks = 0
 
@@ -51,24 +55,22 @@ class DivergenceGuard:
         return False
 
     def weights_finite(self) -> bool:
-        return all(all_finite(view) for _, _, view in self.island.outer.slices)
+        return all(all_finite(view) for _, _, view in self.outer.slices)
 
     @torch.no_grad()
     def roll_back(self, why: str) -> None:
         """Weights back to the anchor, inner optimizer state cleared, learning rate cut."""
-        isl = self.island
-        isl.outer.slices.load(isl.outer.state.phi)
-        isl.optimizer.state.clear()
-        for group in isl.optimizer.param_groups:
+        self.outer.slices.load(self.outer.state.phi)
+        self.optimizer.state.clear()
+        for group in self.optimizer.param_groups:
             group["lr"] *= LR_CUT
             group["lr_scale"] = group.get("lr_scale", 1.0) * LR_CUT
             if "initial_lr" in group:
                 group["initial_lr"] *= LR_CUT
-        if isl.scheduler is not None and hasattr(isl.scheduler, "base_lrs"):
-            isl.scheduler.base_lrs = [lr * LR_CUT for lr in isl.scheduler.base_lrs]
-        isl.weights_changed = True
+        if self.scheduler is not None and hasattr(self.scheduler, "base_lrs"):
+            self.scheduler.base_lrs = [lr * LR_CUT for lr in self.scheduler.base_lrs]
         self.bad_in_a_row = 0
         self.rollbacks += 1
         log.warning("%s diverged (%s): back to its anchor at version %d, inner optimizer state cleared, "
-                    "learning rate x%g (rollback %d)", isl.name, why, isl.version, LR_CUT ** self.rollbacks,
-                    self.rollbacks)
+                    "learning rate x%g (rollback %d)", self.name, why, self.outer.state.version,
+                    LR_CUT ** self.rollbacks, self.rollbacks)

@@ -53,9 +53,10 @@ from p2p_diloco.peers.metrics import LinkRates, MetricsLog, progress_line
 from p2p_diloco.peers.partners import PartnerChooser
 from p2p_diloco.peers.plausibility import PlausibilityGate, distance, norm, relative_distance
 from p2p_diloco.peers.publishing import Publisher
-from p2p_diloco.peers.reach import PushInbox, check_reach
+from p2p_diloco.peers.reach import Door, PushInbox, check_reach
 from p2p_diloco.peers.rounds import ANNOUNCE_EVERY_S, Round, RoundsMixin
-from p2p_diloco.peers.state import STALE_LAG, ModelExtras, join_from_freshest, resume
+from p2p_diloco.peers.identity import Identity
+from p2p_diloco.peers.state import DISCOVERY_SETTLE_S, STALE_LAG, ModelExtras, StateSource, resume
 
 log = logging.getLogger(__name__)
 ABANDON_FETCH_S = 1.0
@@ -79,8 +80,7 @@ class SwarmIsland(RoundsMixin):
         self.eval_fn, self.extra_state, self.group = eval_fn, extra_state, group
         self.world = 1 if group is None else group.world
         self.tokens_per_step = tokens_per_step
-        self.fingerprint = fingerprint(model)
-        self.inbox = PushInbox(self)
+        self.inbox = PushInbox()
         discovery = discovery or DiscoveryConfig()
         self.server = SnapshotServer(f"tcp://{self.cfg.bind_host}:{self.cfg.port}", self.network,
                                      announce_host=self.cfg.announce_host, pushes=self.inbox)
@@ -94,18 +94,20 @@ class SwarmIsland(RoundsMixin):
             raise
         try:
             self.peer_id = self.membership.peer_id
-            self.name = self.cfg.name or self.peer_id[:8]
             self.outer = OuterLoop(self.peer_id, model, self.diloco)
-            self.run_digest = weights_digest(self.outer.state.phi)  # the initial weights name the run
+            # the initial weights name the run
+            self.identity = Identity(self.peer_id, self.cfg.name or self.peer_id[:8], fingerprint(model),
+                                     weights_digest(self.outer.state.phi))
         except BaseException:
             self.membership.shutdown()
             self.server.close()
             raise
-        self.publisher = Publisher(self.server, self.outer, self.exchange, self.peer_id, self.fingerprint, self.run_digest)
+        self.publisher = Publisher(self.server, self.outer, self.exchange, self.identity)
+        self.source = StateSource(self.identity, self.outer, self.membership, self.network, lambda: self._stop_asked)
         self.gate = PlausibilityGate()
         self.catch_up = None
         """The download of the freshest states, while this island catches up (`peers.state.CatchUp`)."""
-        self.guard = DivergenceGuard(self)
+        self.guard = DivergenceGuard(self.name, self.outer, optimizer, scheduler)
         self.gossip = GossipWorker(self.network, timeout_s=self.network.fetch_timeout_s,
                                    measure=lambda snap: relative_distance(self.outer.state.phi, snap.tensors["phi"]),
                                    push_source=self.server.latest if self.reach.mode == "outbound" else None,
@@ -147,6 +149,18 @@ class SwarmIsland(RoundsMixin):
         return self.outer.state.version
 
     @property
+    def name(self) -> str:
+        return self.identity.name
+
+    @property
+    def fingerprint(self) -> str:
+        return self.identity.model
+
+    @property
+    def run_digest(self) -> str:
+        return self.identity.run
+
+    @property
     def bytes_out(self) -> int:
         """Bytes this island sent: what its server served, plus the states it pushed."""
         return self.server.stats()["bytes_sent"] + self.gossip.pushes["bytes"]
@@ -179,8 +193,9 @@ class SwarmIsland(RoundsMixin):
             return self
         try:
             if self.cfg.resume:
-                self.round = resume(self)
-            join_from_freshest(self, lead=STALE_LAG if self.cfg.resume else 1)
+                meta = resume(self.cfg.run_dir / "checkpoints", self.outer, self._parts(), self.identity)
+                self.round, self.own_tokens = int(meta["round"]), int(meta.get("own_tokens", 0))
+            self._join_from_freshest(lead=STALE_LAG if self.cfg.resume else 1)
             self._tell_ranks(SYNC)  # the other ranks start from the state this one joined or resumed with
             self.initial_loss = self.eval_loss = self._evaluate()
             self.state = "training"
@@ -190,14 +205,28 @@ class SwarmIsland(RoundsMixin):
             self.close()
             raise
         self._started = True
+        self.inbox.door = Door(self.identity, self.membership.members, lambda peer: peer in self.chooser.excluded,
+                               self.gossip.measured)
         if not self.wait_for_members(self.cfg.wait_for, self.cfg.join_timeout_s) and not self._stop_asked:
             log.warning("fewer than %d islands after %.0f s; starting anyway", self.cfg.wait_for, self.cfg.join_timeout_s)
         self._t0 = self._returned_at = time.monotonic()
-        self._rnd = Round.begin(self, 0.0)
+        self._rnd = Round.begin(self.cfg.same_version_wait, 0.0)
         if self._stop_asked:  # stopped while starting: no round to train
             self.done = True
             self._tell_ranks(STOP)
         return self
+
+    def _join_from_freshest(self, lead: int) -> None:
+        """Start from the freshest members' state if the run is already going (`peers.state`).
+
+        `lead`: how many versions ahead the freshest member must be. A resumed island passes
+        `STALE_LAG`: a checkpoint the swarm has left that far behind would see every partner's
+        state refused as too far until a catch-up landed, so it joins as a newcomer does, keeping
+        its inner optimizer and data position."""
+        self.wait_for_members(2, min(DISCOVERY_SETTLE_S, self.cfg.join_timeout_s))  # who is there?
+        if (others := self.source.freshest()) and others[0].version >= self.version + lead:
+            self.state = "syncing"
+            self.bytes_in += self.source.adopt(self.source.download(others, self.cfg.join_timeout_s), bool(self.round))
 
     def step(self, loss: Any = None, tokens: int | None = None) -> None:
         """Call after each inner optimizer step: round bookkeeping, mixing and gossip (see the module docstring).
@@ -218,7 +247,7 @@ class SwarmIsland(RoundsMixin):
         self.inner_seconds += now - self._returned_at
         if loss is not None:
             self._loss = float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
-            self.guard.after_step(self._loss)
+            self.weights_changed |= self.guard.after_step(self._loss)
         self.outer.round_steps += 1
         rnd.tokens += (self.tokens_per_step if tokens is None else tokens) * self.world
         if now - rnd.last_announce >= ANNOUNCE_EVERY_S:  # keep watchers current mid-round
@@ -228,7 +257,7 @@ class SwarmIsland(RoundsMixin):
         if ended:
             self._end_round(rnd)
             self.done = self._budget_spent()
-            self._rnd = rnd = Round.begin(self, rnd.compute_s)
+            self._rnd = rnd = Round.begin(self.cfg.same_version_wait, rnd.compute_s)
             if self.done and self.diloco.final_mix and not self._stop_asked:
                 self._final_mix(rnd)
         if not self.done:

@@ -25,14 +25,15 @@ from p2p_diloco.core.modes import Exchange
 from p2p_diloco.core.params import weights_digest
 from p2p_diloco.core.public import PublicState
 from p2p_diloco.exchange.public_views import PublicView
+from p2p_diloco.exchange.server import SnapshotServer
+from p2p_diloco.peers.identity import Identity
 
 
 class Publisher:
     """Publishes the state of one island's `OuterLoop` on its `SnapshotServer` (see the module docstring)."""
 
-    def __init__(self, server, outer: OuterLoop, exchange: Exchange, peer_id: str, model: str, run: str = "") -> None:
-        self.server, self.outer, self.exchange = server, outer, exchange
-        self.meta = {"peer_id": peer_id, "model": model, "run": run}
+    def __init__(self, server: SnapshotServer, outer: OuterLoop, exchange: Exchange, identity: Identity) -> None:
+        self.server, self.outer, self.exchange, self.identity = server, outer, exchange, identity
         self.published_at = 0.0
         """Unix time of the last publish (the phase of the island's rounds, for pacing)."""
         self._staging: dict[str, torch.Tensor] = {}
@@ -56,7 +57,7 @@ class Publisher:
         s = self.outer.state
         host = {name: self._on_host(name, x) for name, x in self.tensors().items()}
         momentum = self.outer.momentum
-        self.server.publish(host, s.version, s.tokens, meta=self.meta,
+        self.server.publish(host, s.version, s.tokens, meta=self.identity.meta(),
                             codec_of={"m": momentum.codec} if momentum.travels else None)
         if self.exchange.updates:
             self._advance_public(host["phi"])
@@ -71,10 +72,10 @@ class Publisher:
         """The first publish starts the public state at the anchor; each later one sends an update."""
         if self.public is None:  # (the run's initial weights name the run: `run` is their digest)
             self.public = PublicState(anchor, self.exchange.update_codec,
-                                      from_init=self.outer.state.version == 0 and weights_digest(anchor) == self.meta["run"])
+                                      from_init=self.outer.state.version == 0 and weights_digest(anchor) == self.identity.run)
         else:
             self.public.advance(anchor)
         p, s = self.public, self.outer.state
         self.server.publish_public(PublicView(chain=p.chain, version=p.version, pub=p.pub, updates=tuple(p.updates),
-                                              outer_version=s.version, tokens=s.tokens, meta=self.meta,
+                                              outer_version=s.version, tokens=s.tokens, meta=self.identity.meta(),
                                               digest=weights_digest(p.pub), from_init=p.from_init))

@@ -20,9 +20,12 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from typing import Callable
 
 from p2p_diloco.config import DiscoveryConfig, IslandConfig
+from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.peers.gossip import FetchResult
+from p2p_diloco.peers.identity import Identity
 
 log = logging.getLogger(__name__)
 DIALBACK_TIMEOUT_S = 5.0
@@ -58,12 +61,26 @@ def check_reach(island_cfg: IslandConfig, discovery: DiscoveryConfig, endpoint: 
     return Reach(mode="outbound", relay=answer.relay)
 
 
+@dataclass(frozen=True)
+class Door:
+    """What `PushInbox` asks of its island, once the island has started."""
+
+    identity: Identity
+    members: Callable[[], dict[str, IslandRecord]]
+    """The member list as discovery shows it."""
+    excluded: Callable[[str], bool]
+    """Whether the island no longer mixes that member's states (`PartnerChooser.excluded`)."""
+    measure: Callable[[object], float | None]
+    """The plausibility distance of a state (`GossipWorker.measured`), on the inbox's own thread."""
+
+
 class PushInbox:
     """Pushed states arriving at a reachable island, on their way to being mixed (see the module
-    docstring); the island server's `exchange.push.PushPolicy`."""
+    docstring); the island server's `exchange.push.PushPolicy`. It turns pushes away as busy until
+    the island has started and opened its `Door`."""
 
-    def __init__(self, island) -> None:
-        self.island = island
+    def __init__(self) -> None:
+        self.door: Door | None = None
         self._lock = threading.Lock()
         self._result: FetchResult | None = None
         self._arriving = False
@@ -81,16 +98,16 @@ class PushInbox:
 
     def admit(self, manifest) -> tuple[str, str] | None:
         """Before a push's bytes flow (on the server's thread): None to take it, else (code, reason)."""
-        isl, meta = self.island, manifest.meta
-        if not getattr(isl, "_started", False):
+        door, meta = self.door, manifest.meta
+        if door is None:
             return "busy", "this island is still starting"
         peer = meta.get("peer_id")
-        member = isl.membership.members().get(peer) if isinstance(peer, str) else None
+        member = door.members().get(peer) if isinstance(peer, str) else None
         if member is None or member.reach != "outbound":
             return "refused", "pushes are taken only from members that run outbound-only"
-        if peer in isl.chooser.excluded:
+        if door.excluded(peer):
             return "refused", "this island no longer mixes that member's states (refused too often)"
-        for key, ours in (("model", isl.fingerprint), ("run", isl.run_digest)):
+        for key, ours in (("model", door.identity.model), ("run", door.identity.run)):
             if str(meta.get(key, "")) != ours:
                 return "refused", f"a state of another {'model' if key == 'model' else 'run'}"
         with self._lock:
@@ -115,7 +132,7 @@ class PushInbox:
         snap = Snapshot(tensors=pushed.tensors, version=m.version, tokens=m.tokens, meta=dict(m.meta), nbytes=m.total,
                         wire_bytes=m.total, seconds=pushed.seconds, endpoint=f"a push from {pushed.address}",
                         stats=None, manifest=m)
-        distance = self.island.gossip.measured(snap)
+        distance = self.door.measure(snap)
         result = FetchResult(str(m.meta.get("peer_id")), snap, None, pushed.seconds, m.total, distance=distance,
                              pushed=True)
         with self._lock:

@@ -10,14 +10,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.errors import TransportError
 from p2p_diloco.peers.gossip import partner_state
 from p2p_diloco.peers.pacing import catch_up_seconds
 from p2p_diloco.peers.plausibility import PlausibilityGate
-from p2p_diloco.peers.state import STALE_LAG, CatchUp, adopt_most_central
+from p2p_diloco.peers.state import STALE_LAG, CatchUp
 
 log = logging.getLogger(__name__)
 ANNOUNCE_EVERY_S = 2.0
@@ -60,10 +59,11 @@ class Round:
     """States outbound-only members pushed to this island this round: partner, weight, staleness."""
 
     @classmethod
-    def begin(cls, island: Any, last_compute_s: float) -> Round:
+    def begin(cls, same_version_wait: float, last_compute_s: float) -> Round:
+        """A round starting now, that waits for a partner in step for `same_version_wait` of the
+        previous round's inner-step time `last_compute_s`."""
         now = time.monotonic()
-        return cls(start=now, fresh_until=now + island.cfg.same_version_wait * last_compute_s, next_try=now,
-                   last_announce=now)
+        return cls(start=now, fresh_until=now + same_version_wait * last_compute_s, next_try=now, last_announce=now)
 
 
 class RoundsMixin:
@@ -159,7 +159,7 @@ class RoundsMixin:
         if self.catch_up is None:
             log.warning("%s is at version %d, %s at %d: catching up from the freshest members",
                         self.name, self.outer.state.version, peer_id[:8], version)
-            self.catch_up = CatchUp(self)
+            self.catch_up = CatchUp(self.source)
 
     def _adopt_caught_up(self) -> None:
         """Between inner steps: adopt what a finished catch-up downloaded; its plausibility history
@@ -169,7 +169,7 @@ class RoundsMixin:
             return
         self.catch_up = None
         if states:
-            adopt_most_central(self, states)
+            self.bytes_in += self.source.adopt(states, started=True)
             self.publisher.restart_public()
             self.gate = PlausibilityGate()
             self.weights_changed = True
@@ -286,7 +286,7 @@ class RoundsMixin:
     def _end_round(self, rnd: Round) -> None:
         """Mix what arrived after the last step, take the outer step, evaluate, publish, announce, log."""
         outer, steps = self.outer, self.outer.round_steps
-        if not self.guard.weights_finite():  # never an outer step from non-finite weights
+        if not self.guard.weights_finite():  # never an outer step from non-finite weights (weights change anyway)
             self.guard.roll_back("non-finite weights at the round's end")
         self._mix_pushed(rnd)  # one pushed to us after the last inner step
         partners, info = self._take_partner()  # a fetch that arrived after the last inner step

@@ -12,14 +12,22 @@ import logging
 import statistics
 import threading
 import time
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
+from p2p_diloco.config import NetworkConfig
+from p2p_diloco.core.island import OuterLoop
+from p2p_diloco.core.outer import PartnerState
+from p2p_diloco.discovery.membership import Membership
+from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.errors import CheckpointError, TransportError
 from p2p_diloco.exchange.client import fetch
 from p2p_diloco.peers import checkpoint
 from p2p_diloco.peers.gossip import partner_state
+from p2p_diloco.peers.identity import Identity
 from p2p_diloco.peers.plausibility import START_BOUND, distance, norm
 
 log = logging.getLogger(__name__)
@@ -53,77 +61,77 @@ class ModelExtras:
         self.model.load_state_dict(state, strict=False)
 
 
-def resume(island: Any) -> int:
-    """Continue from the last checkpoint in the run folder; returns its round (`CheckpointError`
+def resume(folder: Path, outer: OuterLoop, parts: dict[str, Any], identity: Identity) -> dict[str, Any]:
+    """Continue from the last checkpoint in `folder`: the outer state and every part come back, and
+    `identity.run` becomes the checkpoint's run. Returns the checkpoint's meta (`CheckpointError`
     if there is none, it is damaged, or it belongs to another model)."""
-    folder = island.cfg.run_dir / "checkpoints"
     path = checkpoint.latest(folder)
     if path is None:
         raise CheckpointError(f"--resume given but {folder} holds no checkpoint")
-    meta = checkpoint.restore(island.outer, island._parts(), checkpoint.load(path), path, island.fingerprint)
-    island.own_tokens = int(meta.get("own_tokens", 0))
-    island.run_digest = island.publisher.meta["run"] = str(meta.get("run", island.run_digest))
-    log.info("resumed from %s at version %d, round %d", path.name, island.version, int(meta["round"]))
-    return int(meta["round"])
+    meta = checkpoint.restore(outer, parts, checkpoint.load(path), path, identity.model)
+    identity.run = str(meta.get("run", identity.run))
+    log.info("resumed from %s at version %d, round %d", path.name, outer.state.version, int(meta["round"]))
+    return meta
 
 
-def join_from_freshest(island: Any, lead: int = 1) -> None:
-    """Start from the freshest members' state if the run is already going (see the module docstring).
+@dataclass(frozen=True)
+class Downloaded:
+    """A member's state downloaded whole, checked against this model and run."""
 
-    `lead`: how many versions ahead the freshest member must be. A resumed island passes
-    `STALE_LAG`: a checkpoint the swarm has left that far behind would see every partner's state
-    refused as too far until a catch-up landed (in a test, a whole run of rounds without a
-    partner), so it joins as a newcomer does, keeping its inner optimizer and data position.
-
-    The joiner downloads up to `JOIN_QUORUM` of the freshest members' states (same model and run)
-    and adopts the one closest to the others, so one member publishing a poisoned state while it
-    claims the highest version cannot hand every newcomer its poison; with two, the one closer to
-    the run's initial weights (this island's own) wins.
-    """
-    island.wait_for_members(2, min(DISCOVERY_SETTLE_S, island.cfg.join_timeout_s))  # who is there?
-    if (others := _freshest(island)) and others[0].version >= island.version + lead:
-        island.state = "syncing"
-        adopt_most_central(island, download_freshest(island, others, island.cfg.join_timeout_s))
+    record: IslandRecord
+    state: PartnerState
+    wire_bytes: int
+    seconds: float
 
 
-def _freshest(island: Any) -> list:
-    """The members ahead of this island (same model), freshest first."""
-    return sorted((r for p, r in island.membership.members().items()
-                   if p != island.peer_id and r.state in ("training", "syncing") and r.version > island.version
-                   and (not r.model or r.model == island.fingerprint)),
-                  key=lambda r: (r.version, r.tokens), reverse=True)
+class StateSource:
+    """Where a joining, resumed or stale island gets the swarm's state: the freshest members.
 
+    It reads the member list and downloads; it changes the island's outer state only in `adopt`,
+    which the island calls on its main thread (a catch-up downloads on a thread of its own)."""
 
-def download_freshest(island: Any, others: list, within_s: float) -> list:
-    """Download up to `JOIN_QUORUM` of the states of `others` (`_freshest`, in order), checked against
-    this model and run, within `within_s`. Touches no island state: a catching-up island runs it on a
-    thread."""
-    deadline = time.monotonic() + within_s
-    states = []
-    for rec in others:
-        if len(states) >= JOIN_QUORUM or time.monotonic() >= deadline or island._stop_asked:
-            break
-        try:
-            snap = fetch(rec.endpoint, island.network, decode=False,
-                         timeout=min(island.network.fetch_timeout_s, deadline - time.monotonic()))
-            states.append((rec, partner_state(snap, island.outer.state.phi.numel(), island.fingerprint,
-                                              island.run_digest), snap))
-        except TransportError as e:
-            log.info("could not download the state of %s: %s; trying another member", rec.peer_id[:8], e)
-    return states
+    def __init__(self, identity: Identity, outer: OuterLoop, membership: Membership, network: NetworkConfig,
+                 stopped: Callable[[], bool]) -> None:
+        self.identity, self.outer, self.membership, self.network, self.stopped = identity, outer, membership, network, stopped
 
+    def freshest(self) -> list[IslandRecord]:
+        """The members ahead of this island (same model), freshest first."""
+        me, v = self.identity, self.outer.state.version
+        return sorted((r for p, r in self.membership.members().items()
+                       if p != me.peer_id and r.state in ("training", "syncing") and r.version > v
+                       and (not r.model or r.model == me.model)),
+                      key=lambda r: (r.version, r.tokens), reverse=True)
 
-def adopt_most_central(island: Any, states: list) -> None:
-    """Adopt the downloaded state that agrees best with the others (`_most_central`)."""
-    if not states:
-        log.warning("no member's state could be downloaded; %s", "keeping this island's own" if island.round
-                    else "starting from the initial weights")
-        return
-    island.bytes_in += sum(snap.wire_bytes for _, _, snap in states)
-    rec, state, snap = _most_central(states, island.outer.state.phi)
-    island.outer.adopt(state)
-    log.info("joined from %s at version %d (%d bytes in %.1f s; %d states compared)", rec.peer_id[:8], snap.version,
-             snap.nbytes, snap.seconds, len(states))
+    def download(self, others: list[IslandRecord], within_s: float) -> list[Downloaded]:
+        """Download up to `JOIN_QUORUM` of the states of `others` (in order), checked against this model
+        and run, within `within_s`. Touches no island state: a catching-up island runs it on a thread."""
+        deadline = time.monotonic() + within_s
+        states: list[Downloaded] = []
+        for rec in others:
+            if len(states) >= JOIN_QUORUM or time.monotonic() >= deadline or self.stopped():
+                break
+            try:
+                snap = fetch(rec.endpoint, self.network, decode=False,
+                             timeout=min(self.network.fetch_timeout_s, deadline - time.monotonic()))
+                state = partner_state(snap, self.outer.state.phi.numel(), self.identity.model, self.identity.run)
+                states.append(Downloaded(rec, state, snap.wire_bytes, snap.seconds))
+            except TransportError as e:
+                log.info("could not download the state of %s: %s; trying another member", rec.peer_id[:8], e)
+        return states
+
+    def adopt(self, states: list[Downloaded], started: bool) -> int:
+        """Adopt the downloaded state that agrees best with the others (`_most_central`); returns the
+        bytes the downloads moved. `started`: the island trained before (it keeps its own state when
+        nothing could be downloaded)."""
+        if not states:
+            log.warning("no member's state could be downloaded; %s", "keeping this island's own" if started
+                        else "starting from the initial weights")
+            return 0
+        best = _most_central(states, self.outer.state.phi)
+        self.outer.adopt(best.state)
+        log.info("joined from %s at version %d (%d bytes in %.1f s; %d states compared)", best.record.peer_id[:8],
+                 best.state.version, best.wire_bytes, best.seconds, len(states))
+        return sum(d.wire_bytes for d in states)
 
 
 class CatchUp:
@@ -131,20 +139,20 @@ class CatchUp:
     itself far behind the swarm keeps training while it fetches (a slow member's state can take
     minutes); the island adopts the result between two inner steps (`take`)."""
 
-    def __init__(self, island: Any) -> None:
-        self._states: list | None = None
-        self._thread = threading.Thread(target=self._run, args=(island,), name="catch-up", daemon=True)
+    def __init__(self, source: StateSource) -> None:
+        self._states: list[Downloaded] | None = None
+        self._thread = threading.Thread(target=self._run, args=(source,), name="catch-up", daemon=True)
         self._thread.start()
 
-    def _run(self, island: Any) -> None:
+    def _run(self, source: StateSource) -> None:
         try:
-            states = download_freshest(island, _freshest(island), CATCH_UP_S)
+            states = source.download(source.freshest(), CATCH_UP_S)
         except Exception:  # noqa: BLE001 - a failed catch-up leaves the island as it was
             log.exception("catching up failed")
             states = []
         self._states = states
 
-    def take(self) -> list | None:
+    def take(self) -> list[Downloaded] | None:
         """The downloaded states once the thread is done (then once only), else None."""
         if self._thread.is_alive():
             return None
@@ -152,7 +160,7 @@ class CatchUp:
         return states
 
 
-def _most_central(states: list, initial: torch.Tensor) -> tuple:
+def _most_central(states: list[Downloaded], initial: torch.Tensor) -> Downloaded:
     """The downloaded state with the smallest median distance to the others (ties: closest to `initial`).
 
     Distances are measured in units of the initial weights' size, the same for every candidate (a
@@ -164,14 +172,14 @@ def _most_central(states: list, initial: torch.Tensor) -> tuple:
     far = [[0.0] * n for _ in range(n)]
     for i in range(n):  # symmetric: each pair once
         for j in range(i + 1, n):
-            far[i][j] = far[j][i] = distance(states[i][1].phi, states[j][1].phi) / unit
+            far[i][j] = far[j][i] = distance(states[i].state.phi, states[j].state.phi) / unit
 
     def score(i: int) -> tuple[float, float]:
         spread = statistics.median(far[i][j] for j in range(n) if j != i)
-        return spread, distance(initial, states[i][1].phi) / unit
+        return spread, distance(initial, states[i].state.phi) / unit
 
     best = min(range(len(states)), key=score)
-    for j, (rec, _, _) in enumerate(states):
+    for j, d in enumerate(states):
         if j != best and far[best][j] > START_BOUND:
-            log.warning("joining: the state of %s is far from the other members'; not adopting it", rec.peer_id[:8])
+            log.warning("joining: the state of %s is far from the other members'; not adopting it", d.record.peer_id[:8])
     return states[best]

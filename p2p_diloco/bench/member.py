@@ -54,8 +54,7 @@ class PoisonedPublisher(Publisher):
     def __init__(self, honest: Publisher, kind: str) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown poison {kind!r}; choose one of {', '.join(KINDS)}")
-        meta = honest.meta
-        super().__init__(honest.server, honest.outer, honest.exchange, meta["peer_id"], meta["model"], meta["run"])
+        super().__init__(honest.server, honest.outer, honest.exchange, honest.identity)
         self.kind = kind
         self.initial = honest.outer.state.phi.clone()
         self.gen = torch.Generator().manual_seed(1234)

@@ -234,6 +234,7 @@ def measure(params: int, threads: int = 1, repeat: int = REPEAT) -> dict[str, An
     from p2p_diloco.core.modes import exchange_mode
     from p2p_diloco.core.params import fingerprint
     from p2p_diloco.exchange.server import SnapshotServer
+    from p2p_diloco.peers.identity import Identity
     from p2p_diloco.peers.publishing import Publisher
 
     torch.set_num_threads(threads)
@@ -247,7 +248,8 @@ def measure(params: int, threads: int = 1, repeat: int = REPEAT) -> dict[str, An
         outer = OuterLoop("island", model, diloco)
         server = SnapshotServer(config=network)
         setup_peak = meter.take()
-        publisher = Publisher(server, outer, exchange_mode(diloco.exchange, diloco.update_codec), "island", fp)
+        publisher = Publisher(server, outer, exchange_mode(diloco.exchange, diloco.update_codec),
+                              Identity("island", "island", fp, ""))
         rounds = [one_round(outer, publisher, partner.endpoint, network, fp, meter) for _ in range(repeat)]
         clone_s = clone_seconds(outer.state.phi)
         server.close()

@@ -4,7 +4,6 @@ and how a pushed state is handed to the round, measured like a fetched one."""
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,18 +11,19 @@ import torch
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.exchange import payload
 from p2p_diloco.exchange.push import Pushed
-from p2p_diloco.peers.reach import PushInbox
+from p2p_diloco.peers.identity import Identity
+from p2p_diloco.peers.reach import Door, PushInbox
 
 pytestmark = pytest.mark.timeout(30)
 
 
-def _island(**members):
+def _inbox(excluded=(), **members):
     records = {pid: IslandRecord(peer_id=pid, endpoint="tcp://10.0.0.9:7000", version=3, tokens=10, reach=reach)
                for pid, reach in members.items()}
-    return SimpleNamespace(_started=True, fingerprint="f" * 16, run_digest="r" * 16,
-                           membership=SimpleNamespace(members=lambda: records),
-                           chooser=SimpleNamespace(excluded=set()),
-                           gossip=SimpleNamespace(measured=lambda snap: 0.25))
+    inbox = PushInbox()
+    inbox.door = Door(Identity("me", "me", "f" * 16, "r" * 16), lambda: records, lambda peer: peer in excluded,
+                      lambda snap: 0.25)
+    return inbox
 
 
 def _manifest(peer="nat", model="f" * 16, run="r" * 16):
@@ -32,17 +32,18 @@ def _manifest(peer="nat", model="f" * 16, run="r" * 16):
 
 
 def test_only_outbound_only_members_of_this_model_and_run_may_push():
-    inbox = PushInbox(_island(nat="outbound", pub="direct"))
+    excluded = set()
+    inbox = _inbox(excluded, nat="outbound", pub="direct")
     assert inbox.admit(_manifest("pub")[0]) == ("refused", "pushes are taken only from members that run outbound-only")
     assert inbox.admit(_manifest("stranger")[0])[0] == "refused"  # not a member at all
     assert "another model" in inbox.admit(_manifest(model="0" * 16)[0])[1]
     assert "another run" in inbox.admit(_manifest(run="0" * 16)[0])[1]
-    inbox.island.chooser.excluded.add("nat")
+    excluded.add("nat")
     assert "refused too often" in inbox.admit(_manifest()[0])[1]
 
 
 def test_one_pushed_state_per_round_then_busy_and_a_failed_push_frees_the_room():
-    inbox = PushInbox(_island(nat="outbound", other="outbound"))
+    inbox = _inbox(nat="outbound", other="outbound")
     manifest, buf = _manifest()
     assert inbox.admit(manifest) is None
     assert inbox.admit(_manifest("other")[0])[0] == "busy"  # one already on its way
@@ -63,6 +64,4 @@ def test_one_pushed_state_per_round_then_busy_and_a_failed_push_frees_the_room()
 
 
 def test_nothing_is_taken_before_the_island_has_started():
-    isl = _island(nat="outbound")
-    isl._started = False
-    assert PushInbox(isl).admit(_manifest()[0])[0] == "busy"
+    assert PushInbox().admit(_manifest()[0])[0] == "busy"

@@ -102,19 +102,16 @@ def test_a_resumed_time_bounded_island_keeps_its_learning_rate_schedule():
 
 def test_a_joiner_adopts_the_state_the_freshest_members_agree_on():
     """A member claiming the highest version with a poisoned state does not become every newcomer's start."""
-    from p2p_diloco.peers.state import _most_central
+    from p2p_diloco.core.outer import PartnerState
+    from p2p_diloco.peers.state import Downloaded, _most_central
 
-    class S:
-        def __init__(self, phi):
-            self.phi = phi
-
-    def rec(name):
-        return SimpleNamespace(peer_id=name)
+    def got(name, phi):
+        return Downloaded(SimpleNamespace(peer_id=name), PartnerState(phi=phi, m=None, version=9, tokens=9), 0, 0.0)
 
     initial = torch.randn(50_000) * 0.02
     honest = [initial + 0.01 * torch.randn_like(initial) for _ in range(2)]
     poisoned = initial * 1e6
-    hostile, a, b = (rec("hostile"), S(poisoned), None), (rec("a"), S(honest[0]), None), (rec("b"), S(honest[1]), None)
-    assert _most_central([hostile, a, b], initial)[0].peer_id in ("a", "b")
-    assert _most_central([hostile, a], initial)[0].peer_id == "a"  # two: the one closer to the initial weights
-    assert _most_central([a], initial)[0].peer_id == "a"
+    hostile, a, b = got("hostile", poisoned), got("a", honest[0]), got("b", honest[1])
+    assert _most_central([hostile, a, b], initial).record.peer_id in ("a", "b")
+    assert _most_central([hostile, a], initial).record.peer_id == "a"  # two: the one closer to the initial weights
+    assert _most_central([a], initial).record.peer_id == "a"
