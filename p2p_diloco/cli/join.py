@@ -15,14 +15,27 @@ import click
 
 from p2p_diloco.cli.options import (
     build_configs, device_options, diloco_options, discovery_config, discovery_options, model_options, network_config,
-    network_options, retired_option, swarm_secret, user_errors
+    grouped, network_options, retired_option, swarm_secret, user_errors
 )
 from p2p_diloco.config import DHT_PORT_OFFSET, PX_PORT_OFFSET, REACH_MODES, DiLoCoConfig, IslandConfig, TrainConfig
 
 I = IslandConfig
+JOIN_GROUPS = {
+    "The swarm": ("bootstrap", "run_id", "secret", "secret_file", "discovery", "host", "announce_host", "port",
+                  "dht_port", "reach"),
+    "Model and data": ("model_size", "n_layer", "n_embd", "n_head", "block_size", "data", "vocab_size", "seed",
+                       "batch_size", "lr", "device", "precision", "threads"),
+    "Training": ("local_steps", "outer_lr", "outer_momentum", "momentum", "exchange", "update_codec", "final_mix",
+                 "max_tokens", "max_rounds", "max_seconds", "round_seconds", "run_dir", "resume", "eval_every",
+                 "checkpoint_every", "offload_outer"),
+    "Network": ("compression", "max_upload_mbps", "fetch_timeout", "latency_ms", "bandwidth_mbps"),
+    "Fine-tuning the gossip": ("mix_weight", "max_staleness", "same_version_wait", "max_stretch", "wait_for"),
+    "Output": ("name", "quiet", "as_json", "help"),
+}
+"""How `join --help` lists its options."""
 
 
-@click.command()
+@click.command(cls=grouped(JOIN_GROUPS))
 @discovery_options()
 @model_options
 @diloco_options

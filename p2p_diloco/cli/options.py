@@ -63,6 +63,33 @@ def user_errors() -> Iterator[None]:
         raise click.ClickException(str(e)) from e
 
 
+class GroupedCommand(click.Command):
+    """A command whose `--help` lists its options under headings (`groups`: heading -> parameter
+    names, in order); options in no group come last, under "Other options"."""
+
+    groups: dict[str, tuple[str, ...]] = {}
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = {p.name: p.get_help_record(ctx) for p in self.get_params(ctx)}
+        rows = {name: row for name, row in rows.items() if row is not None}
+        placed: set[str] = set()
+        for heading, names in self.groups.items():
+            group = [rows[n] for n in names if n in rows]
+            placed.update(names)
+            if group:
+                with formatter.section(heading):
+                    formatter.write_dl(group)
+        rest = [row for name, row in rows.items() if name not in placed]
+        if rest:
+            with formatter.section("Other options"):
+                formatter.write_dl(rest)
+
+
+def grouped(groups: dict[str, tuple[str, ...]]) -> type[GroupedCommand]:
+    """A `GroupedCommand` class with these `groups`, for `@click.command(cls=...)`."""
+    return type("Grouped", (GroupedCommand,), {"groups": groups})
+
+
 def codec_option(default: str = N.compression, help: str = "Codec of every exchanged state.") -> Callable:
     return click.option("--compression", type=click.Choice(CODECS), default=default, show_default=True, help=help)
 
