@@ -70,7 +70,8 @@ class GroupedCommand(click.Command):
     groups: dict[str, tuple[str, ...]] = {}
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = {p.name: p.get_help_record(ctx) for p in self.get_params(ctx)}
+        help_option = self.get_help_option(ctx)
+        rows = {"help" if p is help_option else p.name: p.get_help_record(ctx) for p in self.get_params(ctx)}
         rows = {name: row for name, row in rows.items() if row is not None}
         placed: set[str] = set()
         for heading, names in self.groups.items():
