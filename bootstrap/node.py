@@ -41,9 +41,10 @@ class BootstrapNode:
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, identity: str | Path, rendezvous_port: int | None = None,
                  discovery: str = "auto", announce_host: str | None = None, start_timeout: float = 30.0,
-                 relay: NetworkConfig | None = None, relay_port: int | None = None) -> None:
-        """`relay`: run a state relay with these exchange settings (upload cap, secret), on
-        `relay_port` (default: the DHT port + 2, or any free port)."""
+                 relay: NetworkConfig | None = None, relay_port: int | None = None,
+                 relay_secret: str | None = None) -> None:
+        """`relay`: run a state relay with these exchange settings (upload cap), on `relay_port`
+        (default: the DHT port + 2, or any free port), keyed by the run's `relay_secret` if it has one."""
         if discovery not in ("auto", "dht", "zmq"):
             raise DiscoveryError(f"discovery must be auto, dht or zmq, got {discovery!r}")
         if not 0 <= port <= 65535 - addresses.RENDEZVOUS_PORT_OFFSET:
@@ -53,7 +54,7 @@ class BootstrapNode:
             raise DiscoveryError(f"the directory of the identity file {self.identity} does not exist")
         self.host, self.port, self.discovery = host, port, discovery
         self.rendezvous_port, self.announce_host, self.start_timeout = rendezvous_port, announce_host, start_timeout
-        self.relay_config, self.relay_port = relay, relay_port
+        self.relay_config, self.relay_port, self.relay_secret = relay, relay_port, relay_secret
         self.relay = None
         self.dht = None
         self.rendezvous = None
@@ -132,8 +133,8 @@ class BootstrapNode:
         port = self.relay_port if self.relay_port is not None else (dht_port + RELAY_PORT_OFFSET if dht_port else 0)
         host = f"[{self.host}]" if ":" in self.host else self.host
         try:
-            self.relay = SnapshotServer(f"tcp://{host}:{port}", self.relay_config, announce_host=self.announce_host,
-                                        relay=True)
+            self.relay = SnapshotServer(f"tcp://{host}:{port}", self.relay_config, secret=self.relay_secret,
+                                        announce_host=self.announce_host, relay=True)
         except Exception as e:  # TransportError: the port is taken
             raise DiscoveryError(f"the relay cannot listen on port {port}: {e}") from e
         logger.info("relaying states at %s (upload cap %s Mbit/s)", self.relay.endpoint,

@@ -198,7 +198,8 @@ class DiscoveryConfig:
     poll: float = 1.0
     """Seconds between reads of the member list."""
     host: str = "127.0.0.1"
-    """Address this island's discovery sockets listen on."""
+    """Address this island's sockets listen on: the state exchange's and discovery's (0.0.0.0 for all
+    interfaces)."""
     port: int = 0
     """Port of this island's DHT node (0: any free port)."""
     px_port: int = 0
@@ -206,12 +207,13 @@ class DiscoveryConfig:
     outbound_only: bool = False
     """Others cannot dial this island: its DHT node is a client, no peer-exchange socket is bound or announced."""
     announce_host: str | None = None
-    """Address others should use to reach this island (defaults to `host`; needed when host is 0.0.0.0)."""
+    """Address others should dial to reach this island (defaults to `host`; needed when host is 0.0.0.0)."""
     connect_timeout: float = 10.0
     """Seconds to wait for any bootstrap address to answer before giving up."""
     secret: str | None = dataclasses.field(default=None, repr=False)
-    """Swarm secret (the same as `NetworkConfig.secret`): records are sealed with a key derived from
-    it, so only its holders can list or add members (`p2p_diloco.discovery.sealing`)."""
+    """Swarm secret: records are sealed with a key derived from it, so only its holders can list or
+    add members (`p2p_diloco.discovery.sealing`), and the state exchange's CurveZMQ keys are derived
+    from it, so only they can fetch or push state (`p2p_diloco.exchange.sockets`)."""
 
     def __post_init__(self) -> None:
         s = "discovery"
@@ -251,7 +253,8 @@ class DiscoveryConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class NetworkConfig:
-    """The state exchange over ZeroMQ: payload codec, chunking, upload cap, link emulation, secret."""
+    """The state exchange over ZeroMQ: payload codec, chunking, upload cap, link emulation (the swarm
+    secret that keys it is `DiscoveryConfig.secret`)."""
 
     compression: str = "int8"
     """Codec of published state: fp32 (lossless), bf16, fp16, or int8 (per-block scales; the default: the
@@ -270,8 +273,6 @@ class NetworkConfig:
     """Link emulation: one-way delay added to every message this process sends."""
     bandwidth_mbps: float | None = None
     """Link emulation: rate of this process's outgoing link in Mbit/s (None: not emulated)."""
-    secret: str | None = dataclasses.field(default=None, repr=False)
-    """Swarm secret: CurveZMQ keys are derived from it; peers without it cannot connect."""
     fetch_timeout_s: float = 10.0
     """A fetch fails with TransportTimeout when the peer sends nothing for this long (a stalled
     partner costs the island's gossip this long, and then only that exchange)."""
@@ -296,8 +297,6 @@ class NetworkConfig:
         _require(0 <= self.latency_ms <= 10_000, s, "latency_ms", "in [0, 10000]", self.latency_ms)
         _require(self.bandwidth_mbps is None or self.bandwidth_mbps > 0, s, "bandwidth_mbps", "> 0 or unset",
                  self.bandwidth_mbps)
-        _require(self.secret is None or (isinstance(self.secret, str) and len(self.secret) > 0), s, "secret",
-                 "unset or a non-empty string", "<hidden>")
         _require(0 < self.fetch_timeout_s <= 3600, s, "fetch_timeout_s", "in (0, 3600] seconds", self.fetch_timeout_s)
         _require(isinstance(self.max_state_bytes, int) and self.max_state_bytes > 0, s, "max_state_bytes", "> 0",
                  self.max_state_bytes)
@@ -311,12 +310,9 @@ class IslandConfig:
 
     run_dir: Path = Path("runs/island")
     """Metrics, checkpoints and the island's log live here."""
-    bind_host: str = "127.0.0.1"
-    """Address the snapshot server binds (0.0.0.0 for all interfaces)."""
-    announce_host: str | None = None
-    """Address partners should dial, when the bind address is not reachable as such."""
     port: int = 0
-    """Snapshot server port (0: any free port)."""
+    """Snapshot server port (0: any free port); it listens on `DiscoveryConfig.host` and is dialled
+    at `DiscoveryConfig.visible_host`."""
     reach: str = "auto"
     """One of `REACH_MODES`: whether others can dial this island (outbound: fetch and push only)."""
     max_tokens: int | None = None

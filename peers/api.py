@@ -30,9 +30,8 @@ def join(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
     each `optimizer.step()`.
 
     - `bootstrap`, `run_id`, `secret`, `run_dir`: the common settings, applied over the config
-      objects (`discovery`, `network`, `island`) when both are given. The swarm secret guards
-      both the state exchange and discovery (docs/SECURITY.md): one set on only one of
-      `network` and `discovery` applies to the other as well.
+      objects (`discovery`, `island`) when both are given. The swarm secret
+      (`DiscoveryConfig.secret`) guards both the state exchange and discovery (docs/SECURITY.md).
     - `device`: `auto|cpu|cuda|cuda:N|mps` moves the model (and the optimizer's state) there;
       None leaves it where it is. The outer state lives with the model unless
       `DiLoCoConfig.offload_outer`.
@@ -43,10 +42,6 @@ def join(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
     - `tokens_per_step`: tokens of one inner step on this process when `step()` is not told.
     """
     discovery = _replace(discovery or DiscoveryConfig(), bootstrap=_tuple(bootstrap), run_id=run_id, secret=secret)
-    network = _replace(network or NetworkConfig(), secret=secret)
-    if None in (network.secret, discovery.secret):
-        shared = network.secret or discovery.secret
-        network, discovery = _replace(network, secret=shared), _replace(discovery, secret=shared)
     island = _replace(island or IslandConfig(), run_dir=Path(run_dir) if run_dir is not None else None)
     if device is not None:
         _move(model, optimizer, resolve_device(device))

@@ -58,12 +58,13 @@ class FetchResult:
 
 class GossipWorker:
     def __init__(self, network: NetworkConfig, timeout_s: float, measure=None, push_source=None,
-                 relay: str | None = None, copies: PublicCopies | None = None, measure_public=None) -> None:
+                 relay: str | None = None, copies: PublicCopies | None = None, measure_public=None,
+                 secret: str | None = None) -> None:
         """`push_source()`: this island's latest (manifest, payload) to push, for an outbound-only
         island (else None); `relay`: the bootstrap's relay endpoint, if it runs one; `copies`: the
         partners' public states held (`exchange="updates"`), and `measure_public(copy)` the
         plausibility distance of one."""
-        self.network, self.timeout_s, self.measure = network, timeout_s, measure
+        self.network, self.secret, self.timeout_s, self.measure = network, secret, timeout_s, measure
         self.copies, self.measure_public = copies, measure_public
         self.push_source, self.relay = push_source, relay
         self.pushes = {"sent": 0, "failed": 0, "bytes": 0}
@@ -108,7 +109,7 @@ class GossipWorker:
         via_relay = partner.reach == "outbound"  # nobody can dial it: its state waits at the relay
         handed = False
         try:
-            with Fetcher(self.relay if via_relay else partner.endpoint, self.network,
+            with Fetcher(self.relay if via_relay else partner.endpoint, self.network, secret=self.secret,
                          peer=partner.peer_id if via_relay else None) as fetcher:
                 public = self.copies is not None and not via_relay
                 wait = partner.version < min_version and wait_until > started  # the server holds its answer
@@ -153,7 +154,7 @@ class GossipWorker:
         from p2p_diloco.exchange.client import Fetcher
 
         try:
-            with Fetcher(self.relay, self.network) as relay:
+            with Fetcher(self.relay, self.network, secret=self.secret) as relay:
                 self._push(relay)
         except TransportError as e:
             log.info("cannot reach the relay %s: %s", self.relay, e)

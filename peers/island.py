@@ -82,8 +82,8 @@ class SwarmIsland(RoundsMixin):
         self.tokens_per_step = tokens_per_step
         self.inbox = PushInbox()
         discovery = discovery or DiscoveryConfig()
-        self.server = SnapshotServer(f"tcp://{self.cfg.bind_host}:{self.cfg.port}", self.network,
-                                     announce_host=self.cfg.announce_host, pushes=self.inbox)
+        self.server = SnapshotServer(f"tcp://{discovery.host}:{self.cfg.port}", self.network, secret=discovery.secret,
+                                     announce_host=discovery.announce_host, pushes=self.inbox)
         try:  # who can dial us decides how discovery runs (an outbound-only DHT node is a client)
             self.reach = check_reach(self.cfg, discovery, self.server.endpoint)
             if self.reach.mode == "outbound":
@@ -103,12 +103,13 @@ class SwarmIsland(RoundsMixin):
             self.server.close()
             raise
         self.publisher = Publisher(self.server, self.outer, self.exchange, self.identity)
-        self.source = StateSource(self.identity, self.outer, self.membership, self.network, lambda: self._stop_asked)
+        self.source = StateSource(self.identity, self.outer, self.membership, self.network, discovery.secret,
+                                  lambda: self._stop_asked)
         self.gate = PlausibilityGate()
         self.catch_up = None
         """The download of the freshest states, while this island catches up (`peers.state.CatchUp`)."""
         self.guard = DivergenceGuard(self.name, self.outer, optimizer, scheduler)
-        self.gossip = GossipWorker(self.network, timeout_s=self.network.fetch_timeout_s,
+        self.gossip = GossipWorker(self.network, secret=discovery.secret, timeout_s=self.network.fetch_timeout_s,
                                    measure=lambda snap: relative_distance(self.outer.state.phi, snap.tensors["phi"]),
                                    push_source=self.server.latest if self.reach.mode == "outbound" else None,
                                    relay=self.reach.relay, **self._public_exchange())

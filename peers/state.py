@@ -91,8 +91,9 @@ class StateSource:
     which the island calls on its main thread (a catch-up downloads on a thread of its own)."""
 
     def __init__(self, identity: Identity, outer: OuterLoop, membership: Membership, network: NetworkConfig,
-                 stopped: Callable[[], bool]) -> None:
-        self.identity, self.outer, self.membership, self.network, self.stopped = identity, outer, membership, network, stopped
+                 secret: str | None, stopped: Callable[[], bool]) -> None:
+        self.identity, self.outer, self.membership, self.stopped = identity, outer, membership, stopped
+        self.network, self.secret = network, secret
 
     def freshest(self) -> list[IslandRecord]:
         """The members ahead of this island (same model), freshest first."""
@@ -111,7 +112,7 @@ class StateSource:
             if len(states) >= JOIN_QUORUM or time.monotonic() >= deadline or self.stopped():
                 break
             try:
-                snap = fetch(rec.endpoint, self.network, decode=False,
+                snap = fetch(rec.endpoint, self.network, decode=False, secret=self.secret,
                              timeout=min(self.network.fetch_timeout_s, deadline - time.monotonic()))
                 state = partner_state(snap, self.outer.state.phi.numel(), self.identity.model, self.identity.run)
                 states.append(Downloaded(rec, state, snap.wire_bytes, snap.seconds))

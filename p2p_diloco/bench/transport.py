@@ -93,9 +93,9 @@ def serve(params: int, compression: str, latency_ms: float, bandwidth_mbps: floa
     torch.set_num_threads(1)
     phi = torch.randn(params, generator=torch.Generator().manual_seed(0))
     meta = {"checksum": float(codecs.roundtrip(phi, compression).double().sum())}
-    servers = [SnapshotServer(config=NetworkConfig(secret=secret))]
+    servers = [SnapshotServer(config=NetworkConfig(), secret=secret)]
     if latency_ms or bandwidth_mbps:
-        servers.append(SnapshotServer(config=NetworkConfig(secret=secret, latency_ms=latency_ms,
+        servers.append(SnapshotServer(secret=secret, config=NetworkConfig(latency_ms=latency_ms,
                                                            bandwidth_mbps=bandwidth_mbps)))
     for s in servers:  # `codec_of`: any wire codec, `sign` (a public state's update) included
         s.publish({"phi": phi}, version=1, tokens=params, meta=meta, codec_of={"phi": compression})
@@ -132,7 +132,7 @@ def measure_memory(endpoint: str, compression: str, secret: str | None) -> dict[
     from p2p_diloco.exchange.client import Fetcher
 
     torch.set_num_threads(1)
-    with Fetcher(endpoint, NetworkConfig(secret=secret)) as f:
+    with Fetcher(endpoint, NetworkConfig(), secret=secret) as f:
         f.manifest()
         gc.collect()
         base = peak = _rss()
@@ -166,7 +166,7 @@ def run(params: int, compression: str = "fp32", latency_ms: float = 0.0, bandwid
     env = dict(os.environ, OMP_NUM_THREADS="1", **({"P2P_DILOCO_BENCH_SECRET": secret} if secret else {}))
     server, eps = _start_server(params, compression, latency_ms, bandwidth_mbps, env)
     try:
-        fetch_checked = _checked_fetch(eps["bytes"])
+        fetch_checked = _checked_fetch(eps["bytes"], secret)
         out, details = _plain_runs(params, eps, compression, secret, repeat, raw, fetch_checked, say)
         if eps["emulated"]:
             out["emulated"], details["emulated_s"] = _emulated_runs(eps, compression, secret, latency_ms, bandwidth_mbps,
@@ -221,12 +221,12 @@ def _start_server(params: int, compression: str, latency_ms: float, bandwidth_mb
     return server, json.loads(line)
 
 
-def _checked_fetch(nbytes: int) -> Callable[[str, Any], Any]:
+def _checked_fetch(nbytes: int, secret: str | None) -> Callable[[str, Any], Any]:
     """A fetch that fails unless it returns exactly what the server published."""
     from p2p_diloco.exchange.client import fetch
 
     def fetch_checked(endpoint: str, config: Any) -> Any:
-        snap = fetch(endpoint, config, timeout=FETCH_TIMEOUT_S)
+        snap = fetch(endpoint, config, timeout=FETCH_TIMEOUT_S, secret=secret)
         if float(snap.tensors["phi"].double().sum()) != snap.meta["checksum"] or snap.nbytes != nbytes:
             raise RuntimeError("fetched state does not match what the server published")
         return snap
@@ -239,7 +239,7 @@ def _plain_runs(params: int, eps: dict, compression: str, secret: str | None, re
     """The protocol against bare ZeroMQ, interleaved, best of `repeat` after a warm-up of each."""
     from p2p_diloco.config import NetworkConfig
 
-    nbytes, cfg = eps["bytes"], NetworkConfig(secret=secret)
+    nbytes, cfg = eps["bytes"], NetworkConfig()
     raw_fetch(eps["raw"], nbytes, raw)  # warm-up: connections, allocator, page cache
     fetch_checked(eps["plain"], cfg)
     raw_s, fetch_s = [], []
@@ -258,7 +258,7 @@ def _emulated_runs(eps: dict, compression: str, secret: str | None, latency_ms: 
     """Fetches over the emulated link (the first on a cold link, not counted): the best one's figures."""
     from p2p_diloco.config import NetworkConfig
 
-    cfg = NetworkConfig(secret=secret, latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps)
+    cfg = NetworkConfig(latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps)
     runs = [fetch_checked(eps["emulated"], cfg) for _ in range(repeat + 1)]
     rate = bandwidth_mbps * 1e6 / 8 if bandwidth_mbps else None
     for i, s in enumerate(runs):

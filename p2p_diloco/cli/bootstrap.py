@@ -43,9 +43,10 @@ def bootstrap(host, port, identity, addr_file, rendezvous_port, announce_host, d
         secret = swarm_secret(kw)
         if secret and not relay:
             raise click.UsageError("--secret/--secret-file is used only by --relay (the node never needs it)")
-        relay_cfg = NetworkConfig(max_upload_mbps=relay_upload_mbps, secret=secret) if relay else None
+        relay_cfg = NetworkConfig(max_upload_mbps=relay_upload_mbps) if relay else None
         node = BootstrapNode(host=host, port=port, identity=identity, rendezvous_port=rendezvous_port,
-                             discovery=discovery, announce_host=announce_host, relay=relay_cfg, relay_port=relay_port)
+                             discovery=discovery, announce_host=announce_host, relay=relay_cfg, relay_port=relay_port,
+                             relay_secret=secret)
     except P2PDiLoCoError as e:
         raise click.ClickException(str(e)) from e
     stop, received = threading.Event(), []

@@ -13,23 +13,25 @@ from pathlib import Path
 
 import click
 
+from p2p_diloco.cli.config_file import apply_advanced
 from p2p_diloco.cli.options import (
     build_configs, device_options, diloco_options, discovery_config, discovery_options, model_options, network_config,
-    grouped, network_options, retired_option, swarm_secret, user_errors
+    config_file_option, grouped, network_options, retired_option, swarm_secret, user_errors
 )
-from p2p_diloco.config import DHT_PORT_OFFSET, PX_PORT_OFFSET, REACH_MODES, DiLoCoConfig, IslandConfig, TrainConfig
+from p2p_diloco.config import (
+    DHT_PORT_OFFSET, PX_PORT_OFFSET, REACH_MODES, DiLoCoConfig, DiscoveryConfig, IslandConfig, TrainConfig
+)
 
 I = IslandConfig
 JOIN_GROUPS = {
     "The swarm": ("bootstrap", "run_id", "secret", "secret_file", "discovery", "host", "announce_host", "port",
-                  "dht_port", "reach"),
+                  "dht_port", "reach", "wait_for"),
     "Model and data": ("model_size", "n_layer", "n_embd", "n_head", "block_size", "data", "vocab_size", "seed",
                        "batch_size", "lr", "device", "precision", "threads"),
     "Training": ("local_steps", "outer_lr", "outer_momentum", "momentum", "exchange", "update_codec", "final_mix",
                  "max_tokens", "max_rounds", "max_seconds", "round_seconds", "run_dir", "resume", "eval_every",
                  "checkpoint_every", "offload_outer"),
     "Network": ("compression", "max_upload_mbps", "fetch_timeout", "latency_ms", "bandwidth_mbps"),
-    "Fine-tuning the gossip": ("mix_weight", "max_staleness", "same_version_wait", "max_stretch", "wait_for"),
     "Output": ("name", "quiet", "as_json", "help"),
 }
 """How `join --help` lists its options."""
@@ -48,17 +50,15 @@ JOIN_GROUPS = {
 @click.option("--max-rounds", type=int, default=I.max_rounds, help="Stop after this many rounds.")
 @click.option("--max-seconds", type=float, default=I.max_seconds, help="Stop after this many seconds of training.")
 @click.option("--resume", is_flag=True, default=I.resume, help="Continue from the last checkpoint in --run-dir.")
-@click.option("--same-version-wait", type=click.FloatRange(0.0, 1.0), default=I.same_version_wait, show_default=True,
-              help="Share of a round spent waiting for a partner (not one of the last two) to publish this "
-                   "island's version before taking what it has.")
-@click.option("--max-stretch", type=click.FloatRange(0.0, 1.0), default=I.max_stretch, show_default=True,
-              help="An island ahead of most others trains on past H, by up to this share of H, until its "
-                   "rounds end with theirs (0: off).")
+@config_file_option("same_version_wait", "island")
+@config_file_option("max_stretch", "island")
+@config_file_option("mix_weight", "diloco")
+@config_file_option("max_staleness", "diloco")
 @click.option("--wait-for", type=click.IntRange(min=1), default=I.wait_for, show_default=True,
               help=f"Before the first round, wait (up to {I.join_timeout_s:g} s) until this many islands, this one "
                    "included, are in the run.")
-@click.option("--host", default=I.bind_host, show_default=True, help="Address the state exchange, DHT and peer exchange listen on.")
-@click.option("--announce", "announce_host", default=I.announce_host,
+@click.option("--host", default=DiscoveryConfig.host, show_default=True, help="Address the state exchange, DHT and peer exchange listen on.")
+@click.option("--announce", "announce_host", default=DiscoveryConfig.announce_host,
               help="Address others should dial (when --host is not reachable as such).")
 @click.option("--port", type=click.IntRange(0, 65535 - PX_PORT_OFFSET), default=I.port, show_default=True,
               help=f"State exchange port; the DHT takes PORT+{DHT_PORT_OFFSET} and the ZeroMQ peer exchange "
@@ -105,14 +105,15 @@ def run_join(kw: dict, **faults) -> None:
         diloco = dataclasses.replace(diloco, round_seconds=kw.pop("round_seconds"))
         train = _schedule_length(train, model.resolved()["block_size"], diloco, kw["max_tokens"], kw["max_rounds"])
         network = network_config(kw)
-        island = IslandConfig(run_dir=Path(kw["run_dir"]), bind_host=kw["host"], announce_host=kw["announce_host"],
-                              port=port, reach=kw["reach"], max_tokens=kw["max_tokens"], max_rounds=kw["max_rounds"],
+        island = IslandConfig(run_dir=Path(kw["run_dir"]), port=port, reach=kw["reach"], max_tokens=kw["max_tokens"],
+                              max_rounds=kw["max_rounds"],
                               max_seconds=kw["max_seconds"], resume=kw["resume"], eval_every=kw["eval_every"],
                               checkpoint_every=kw["checkpoint_every"], name=kw["name"], quiet=kw["quiet"],
-                              wait_for=kw["wait_for"],
-                              same_version_wait=kw["same_version_wait"], max_stretch=kw["max_stretch"])
-        code, summary = run_island(island, model, train, diloco, network, discovery, data, vocab_size=vocab_size,
-                                   **faults)
+                              wait_for=kw["wait_for"])
+        c = apply_advanced({"island": island, "model": model, "train": train, "diloco": diloco, "network": network,
+                            "discovery": discovery})
+        code, summary = run_island(c["island"], c["model"], c["train"], c["diloco"], c["network"], c["discovery"], data,
+                                   vocab_size=vocab_size, **faults)
     if as_json and summary:  # ranks other than 0 of a torchrun island have no summary
         click.echo(json.dumps(summary))
     sys.exit(code)

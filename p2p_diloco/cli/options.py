@@ -161,10 +161,6 @@ def diloco_options(f: Callable) -> Callable:
                                              "in signs, or kept local (docs/DESIGN.md, section 2.2).")(f)
     f = click.option("--final-mix/--no-final-mix", default=D.final_mix, show_default=True,
                      help="When the budget is spent, mix one partner's last state before the final checkpoint.")(f)
-    f = click.option("--mix-weight", type=float, default=D.mix_weight, show_default=True,
-                     help="Partner weight at equal tokens and no staleness.")(f)
-    f = click.option("--max-staleness", type=int, default=D.max_staleness, show_default=True,
-                     help="Skip partners more than this many versions behind.")(f)
     f = click.option("--exchange", type=click.Choice(EXCHANGES), default=D.exchange, show_default=True,
                      help="Send the whole state each round, or compressed updates of a public state (error "
                           "feedback; the ring of peer ids picks partners; momentum stays local).")(f)
@@ -174,6 +170,22 @@ def diloco_options(f: Callable) -> Callable:
     f = retired_option("--mix-pseudo-gradient/--no-mix-pseudo-gradient",
                        "pseudo-gradients are never averaged; drop the option")(f)
     return f
+
+
+def gossip_tuning_options(f: Callable) -> Callable:
+    """The mixing weight and staleness cut-off as options (`simulate`, for measuring them; `join` takes
+    them from the config file's [diloco] table)."""
+    f = click.option("--mix-weight", type=float, default=D.mix_weight, show_default=True,
+                     help="Partner weight at equal tokens and no staleness.")(f)
+    f = click.option("--max-staleness", type=int, default=D.max_staleness, show_default=True,
+                     help="Skip partners more than this many versions behind.")(f)
+    return f
+
+
+def config_file_option(name: str, section: str) -> Callable:
+    """A flag `join` no longer takes: the field is set in the config file's `[section]` table."""
+    flag = "--" + name.replace("_", "-")
+    return retired_option(flag, f"set {name} in the config file's [{section}] table (--config FILE)", figures=False)
 
 
 def _device_spec(_ctx, param, value: str) -> str:
@@ -218,7 +230,7 @@ def secret_options(help: str) -> Callable:
         f = click.option("--secret-file", type=click.Path(dir_okay=False), default=None, envvar="P2P_DILOCO_SECRET_FILE",
                          help="File holding the swarm secret (surrounding whitespace stripped): unlike --secret, it "
                               "stays out of argv, which `ps` shows to every user.")(f)
-        return click.option("--secret", default=N.secret, envvar="P2P_DILOCO_SECRET", help=help)(f)
+        return click.option("--secret", default=None, envvar="P2P_DILOCO_SECRET", help=help)(f)
 
     return decorate
 
@@ -257,11 +269,9 @@ def resolve_secret(secret: str | None, secret_file: str | None) -> str | None:
 
 
 def swarm_secret(kw: dict) -> str | None:
-    """The swarm secret of parsed `secret_options` (`resolve_secret`), for the state exchange and
-    discovery alike: resolved once, then kept in `kw["secret"]` (`--secret-file` is popped)."""
-    if "secret_file" in kw:
-        kw["secret"] = resolve_secret(kw.get("secret"), kw.pop("secret_file"))
-    return kw.get("secret")
+    """The swarm secret of parsed `secret_options` (`resolve_secret`; pops both), for the state
+    exchange and discovery alike (`DiscoveryConfig.secret`)."""
+    return resolve_secret(kw.pop("secret", None), kw.pop("secret_file", None))
 
 
 def build_configs(kw: dict) -> tuple[ModelConfig, TrainConfig, DiLoCoConfig]:
@@ -272,8 +282,8 @@ def build_configs(kw: dict) -> tuple[ModelConfig, TrainConfig, DiLoCoConfig]:
                         device=kw.pop("device", T.device), precision=kw.pop("precision", T.precision))
     diloco = DiLoCoConfig(local_steps=kw.pop("local_steps"), outer_lr=kw.pop("outer_lr"),
                           outer_momentum=kw.pop("outer_momentum"), momentum=kw.pop("momentum"),
-                          final_mix=kw.pop("final_mix"), mix_weight=kw.pop("mix_weight"),
-                          max_staleness=kw.pop("max_staleness"),
+                          final_mix=kw.pop("final_mix"), mix_weight=kw.pop("mix_weight", D.mix_weight),
+                          max_staleness=kw.pop("max_staleness", D.max_staleness),
                           offload_outer=kw.pop("offload_outer", D.offload_outer), exchange=kw.pop("exchange"),
                           update_codec=kw.pop("update_codec"))
     return model, train, diloco
@@ -281,10 +291,9 @@ def build_configs(kw: dict) -> tuple[ModelConfig, TrainConfig, DiLoCoConfig]:
 
 def network_config(kw: dict) -> NetworkConfig:
     """A validated `NetworkConfig` from the `network_options` (pops what it uses)."""
-    swarm_secret(kw)
     return NetworkConfig(compression=kw.pop("compression"), max_upload_mbps=kw.pop("max_upload_mbps"),
                          latency_ms=kw.pop("latency_ms"), bandwidth_mbps=kw.pop("bandwidth_mbps"),
-                         secret=kw.pop("secret"), fetch_timeout_s=kw.pop("fetch_timeout"))
+                         fetch_timeout_s=kw.pop("fetch_timeout"))
 
 
 def discovery_options(required: bool = False) -> Callable:

@@ -7,7 +7,8 @@ import os
 import click
 
 from p2p_diloco.cli.options import (
-    build_configs, codec_option, csv, device_options, diloco_options, model_options, retired_option, user_errors
+    build_configs, codec_option, csv, device_options, diloco_options, gossip_tuning_options, model_options,
+    retired_option, user_errors
 )
 from p2p_diloco.sim.config import SIM_METHODS, SimConfig
 
@@ -17,6 +18,7 @@ S = SimConfig
 @click.command()
 @model_options
 @diloco_options
+@gossip_tuning_options
 @device_options
 @click.option("--islands", "-k", type=int, default=S.islands, show_default=True, help="K: number of islands.")
 @click.option("--method", "methods", default=",".join(S.methods), show_default=True, callback=csv(str),

@@ -110,8 +110,10 @@ class _Transfer:
 class Fetcher:
     """A connection to one peer's snapshot server; reuse it to fetch from that peer repeatedly."""
 
-    def __init__(self, endpoint: str, config: NetworkConfig | None = None, peer: str | None = None) -> None:
-        """`peer`: fetch that peer's state from a relay at `endpoint` instead of the server's own."""
+    def __init__(self, endpoint: str, config: NetworkConfig | None = None, peer: str | None = None, *,
+                 secret: str | None = None) -> None:
+        """`peer`: fetch that peer's state from a relay at `endpoint` instead of the server's own;
+        `secret`: the swarm secret (`DiscoveryConfig.secret`), for the CURVE handshake."""
         self.endpoint, self.peer = endpoint, peer
         self.config = config or NetworkConfig()
         self._rid = self.wire_bytes = 0
@@ -124,8 +126,8 @@ class Fetcher:
             sock.linger = 0
             sock.setsockopt(zmq.MAXMSGSIZE, max(wire.MAX_CHUNK, wire.MAX_MANIFEST_BYTES) + wire.FRAME_OVERHEAD)
             sock.rcvhwm = sock.sndhwm = wire.MAX_INFLIGHT + 16
-            if self.config.secret is not None:
-                keys = swarm_keys(self.config.secret)
+            if secret is not None:
+                keys = swarm_keys(secret)
                 sock.curve_serverkey = keys.server_public
                 sock.curve_publickey = keys.client_public
                 sock.curve_secretkey = keys.client_secret
@@ -388,13 +390,14 @@ class Fetcher:
 
 
 def fetch(endpoint: str, config: NetworkConfig | None = None, timeout: float | None = None,
-          decode: bool = True) -> Snapshot:
+          decode: bool = True, *, secret: str | None = None) -> Snapshot:
     """Fetch `endpoint`'s latest snapshot over a fresh connection (see `Fetcher.fetch`)."""
-    with Fetcher(endpoint, config) as f:
+    with Fetcher(endpoint, config, secret=secret) as f:
         return f.fetch(timeout, decode=decode)
 
 
-def fetch_manifest(endpoint: str, config: NetworkConfig | None = None, timeout: float | None = None) -> wire.Manifest:
+def fetch_manifest(endpoint: str, config: NetworkConfig | None = None, timeout: float | None = None, *,
+                   secret: str | None = None) -> wire.Manifest:
     """Fetch only `endpoint`'s manifest: version, tokens and meta for choosing a partner."""
-    with Fetcher(endpoint, config) as f:
+    with Fetcher(endpoint, config, secret=secret) as f:
         return f.manifest(timeout)

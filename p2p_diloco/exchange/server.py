@@ -57,8 +57,12 @@ class SnapshotServer:
     """Serves this island's latest snapshot to any number of fetchers, from a background thread."""
 
     def __init__(self, bind: str = "tcp://127.0.0.1:0", config: NetworkConfig | None = None, *,
-                 announce_host: str | None = None, pushes: PushPolicy | None = None, relay: bool = False) -> None:
+                 secret: str | None = None, announce_host: str | None = None, pushes: PushPolicy | None = None,
+                 relay: bool = False) -> None:
+        """`secret`: the swarm secret (`DiscoveryConfig.secret`): CURVE keys are derived from it, and
+        only its holders can fetch or push."""
         self.config = config or NetworkConfig()
+        self.secret = secret
         self.relay = relay
         self._relay = RelayPolicy() if relay else None
         self._push = PushReceiver(self._relay or pushes or NoPushes(), require_hello=not relay,
@@ -84,8 +88,8 @@ class SnapshotServer:
             self._sock.router_mandatory = 1  # sending to a peer that left raises, so its backlog can go
             self._sock.rcvhwm = RCVHWM
             self._sock.sndhwm = 2 * wire.MAX_INFLIGHT  # past it, replies wait in `_backlog` (and `busy` is sent)
-            if self.config.secret is not None:
-                keys = swarm_keys(self.config.secret)
+            if self.secret is not None:
+                keys = swarm_keys(self.secret)
                 self._auth = zmq.auth.thread.ThreadAuthenticator(self._ctx, log=logging.getLogger(__name__ + ".zap"))
                 self._auth.start()
                 self._auth.configure_curve_callback(ZAP_DOMAIN, AllowClientKey(keys.client_public, self._refused))
@@ -103,7 +107,7 @@ class SnapshotServer:
         self.endpoint = f"tcp://{announce_host}:{port}" if announce_host else bound
         self._thread = threading.Thread(target=self._run, name="snapshot-server", daemon=True)
         self._thread.start()
-        log.info("serving snapshots on %s (secret %s)", self.endpoint, "on" if self.config.secret else "off")
+        log.info("serving snapshots on %s (secret %s)", self.endpoint, "on" if self.secret else "off")
 
     # -- the training side ------------------------------------------------------------------------
 
@@ -231,7 +235,7 @@ class SnapshotServer:
                 ev = recv_monitor_message(self._monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if ev["event"] & HANDSHAKE_FAILED and self.config.secret is not None:
+            if ev["event"] & HANDSHAKE_FAILED and self.secret is not None:
                 self._refused(f"security handshake failed ({zmq.Event(ev['event']).name}, code {ev['value']})")
             elif ev["event"] & HANDSHAKE_FAILED:  # no secret: a peer that stalled mid-greeting, or not a ZMTP peer
                 log.debug("a connection failed its ZMTP greeting (%s, code %d)", zmq.Event(ev["event"]).name,

@@ -117,12 +117,12 @@ def test_publish_while_fetching_gives_the_old_version_whole_or_version_gone(proc
 
 def test_client_without_the_secret_is_refused(procs):
     peer, endpoint = start_server(procs, "--secret", "swarm-7f3a")
-    for cfg in (NetworkConfig(), NetworkConfig(secret="not-the-secret")):
+    for secret in (None, "not-the-secret"):
         with pytest.raises(AuthRefused):
-            fetch(endpoint, cfg, timeout=10)
+            fetch(endpoint, NetworkConfig(), timeout=10, secret=secret)
         with pytest.raises(AuthRefused):
-            fetch_manifest(endpoint, cfg, timeout=10)
-    snap = fetch(endpoint, NetworkConfig(secret="swarm-7f3a"), timeout=30)
+            fetch_manifest(endpoint, NetworkConfig(), timeout=10, secret=secret)
+    snap = fetch(endpoint, NetworkConfig(), timeout=30, secret="swarm-7f3a")
     assert torch.equal(snap.tensors["m"], make_state(100_000, 1)["m"])
     # the server counts refusals from its socket monitor, a moment later
     stats = wait_until(lambda: (st := peer.cmd("stats"))["auth_refused"] >= 4 and st, 5,

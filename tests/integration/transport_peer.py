@@ -71,8 +71,8 @@ def serve(a: argparse.Namespace) -> None:
     from p2p_diloco.exchange.server import SnapshotServer
 
     cfg = NetworkConfig(compression=a.codec, latency_ms=a.latency_ms, bandwidth_mbps=a.bandwidth_mbps,
-                        secret=a.secret, retain_snapshots=a.retain)
-    with SnapshotServer(config=cfg) as srv:
+                        retain_snapshots=a.retain)
+    with SnapshotServer(config=cfg, secret=a.secret) as srv:
         srv.publish(make_state(a.numel, a.version), version=a.version, tokens=a.version * 1000)
         emit(endpoint=srv.endpoint)
         for line in sys.stdin:
@@ -90,7 +90,7 @@ def fetch_once(a: argparse.Namespace) -> None:
     from p2p_diloco.exchange.client import fetch
 
     emit(event="start")
-    snap = fetch(a.endpoint, NetworkConfig(secret=a.secret), timeout=a.timeout)
+    snap = fetch(a.endpoint, NetworkConfig(), timeout=a.timeout, secret=a.secret)
     emit(event="done", version=snap.version, nbytes=snap.nbytes)
 
 

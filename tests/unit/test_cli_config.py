@@ -26,10 +26,12 @@ def resolved(config: str, path: list[str], args: list[str] = ()) -> dict:
 
 
 @pytest.mark.parametrize("toml, message", [
-    ("[jion]\nlocal-steps = 3\n", "[jion]: no such command"),
+    ("[jion]\nlocal-steps = 3\n", "table '[jion]' is unknown; did you mean '[join]'?"),
     ("simulate = 1\n", "simulate must be a table"),
-    ("[simulate]\nlocal-stepz = 3\n", "[simulate]: unknown option(s) local-stepz"),
-    ("[bench.swarm]\nislandz = 3\n", "[bench.swarm]: unknown option(s) islandz"),
+    ("[simulate]\nlocal-stepz = 3\n", "[simulate] option 'local-stepz' is unknown; did you mean 'local-steps'?"),
+    ("[bench.swarm]\nislandz = 3\n", "[bench.swarm] option 'islandz' is unknown; did you mean 'islands'?"),
+    ("[diloco]\nlocal_step = 3\n", "[diloco] field 'local_step' is unknown; did you mean 'local_steps'?"),
+    ("diloco = 1\n", "diloco must be a table ([diloco]) of DiLoCoConfig fields"),
     ("[simulate\n", "is not valid TOML"),
 ])
 def test_bad_config_file_is_a_readable_error(tmp_path, toml, message):
@@ -63,7 +65,7 @@ def _sections(*names: str) -> list:
 SECTIONS = {
     # command: (config sections, first match wins; options named differently from their field)
     "join": (("IslandConfig", "NetworkConfig", "DiLoCoConfig", "TrainConfig", "ModelConfig", "DiscoveryConfig"),
-             {"model_size": "size", "host": "bind_host", "fetch_timeout": "fetch_timeout_s"}),
+             {"model_size": "size", "fetch_timeout": "fetch_timeout_s"}),
     "simulate": (("SimConfig", "DiLoCoConfig", "TrainConfig", "ModelConfig"), {"model_size": "size"}),
     "demo": (("DemoConfig", "TrainConfig", "DiLoCoConfig"), {}),
     "status": (("DiscoveryConfig",), {"timeout": "connect_timeout"}),
@@ -85,6 +87,8 @@ def test_every_option_that_sets_a_config_field_defaults_to_that_field(path):
     sections = _sections(*names)
     checked, ctx = [], click.Context(command)
     for param in command.params:
+        if not param.expose_value:  # a removed option, which only says what replaced it
+            continue
         field = renamed.get(param.name, param.name)
         owner = next((c for c in sections if field in {f.name for f in dataclasses.fields(c)}), None)
         if owner is None:
@@ -99,3 +103,36 @@ def test_every_option_that_sets_a_config_field_defaults_to_that_field(path):
             f"{path} --{param.name.replace('_', '-')} defaults to {shown!r}; {owner.__name__}.{field} is {default!r}"
         checked.append(param.name)
     assert checked, f"{path}: no option matched a config field"
+
+
+def test_config_sections_set_every_field_of_join_below_its_flags(tmp_path, monkeypatch):
+    """`[diloco]`, `[island]`, ... tables: fields with a flag become its default (the flag and the
+    command's own table still win), fields without one are applied to the configs `join` builds."""
+    seen = {}
+
+    def fake_run_island(island, model, train, diloco, network, discovery, data, vocab_size=None, **faults):
+        seen.update(island=island, diloco=diloco, network=network, discovery=discovery, model=model)
+        return 0, {}
+
+    monkeypatch.setattr("p2p_diloco.peers.process.run_island", fake_run_island)
+    config = write(tmp_path, "[diloco]\nlocal_steps = 7\ntoken_weighting = false\nmix_weight = 0.4\n"
+                             "[island]\nsame_version_wait = 0.2\nport = 7100\n[model]\nsize = 'small'\n"
+                             "[network]\nmax_window_bytes = 33554432\n[discovery]\nrun_id = 'from-file'\n"
+                             "[join]\nrun-id = 'from-table'\n")
+    r = CliRunner().invoke(main, ["--config", config, "join", "--device", "cpu", "-H", "9"])
+    assert r.exit_code == 0, r.output
+    d, i = seen["diloco"], seen["island"]
+    assert d.local_steps == 9 and not d.token_weighting and d.mix_weight == 0.4  # the flag beats the section
+    assert i.same_version_wait == 0.2 and i.port == 7100 and seen["discovery"].port == 7101  # --port's DHT port
+    assert seen["model"].size == "small" and seen["network"].max_window_bytes == 2**25
+    assert seen["discovery"].run_id == "from-table"  # the command's own table beats the section
+    bad = write(tmp_path, "[diloco]\nmax_token_ratio = 0.5\n")
+    r = CliRunner().invoke(main, ["--config", bad, "join", "--device", "cpu"])
+    assert r.exit_code == 1 and "diloco.max_token_ratio" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("flag, table", [("--same-version-wait", "[island]"), ("--max-stretch", "[island]"),
+                                         ("--mix-weight", "[diloco]"), ("--max-staleness", "[diloco]")])
+def test_an_expert_flag_of_join_names_its_config_table(flag, table):
+    r = CliRunner().invoke(main, ["join", flag, "0.3"])
+    assert r.exit_code == 2 and f"config file's {table} table" in r.output and "Traceback" not in r.output

@@ -80,26 +80,26 @@ def test_join_gives_one_secret_to_the_exchange_and_to_discovery(secret_file, mon
     seen = {}
 
     def fake_run_island(island, model, train, diloco, network, discovery, data, vocab_size=None):
-        seen.update(network=network, discovery=discovery)
+        seen.update(discovery=discovery)
         return 0, {}
 
     monkeypatch.setattr("p2p_diloco.peers.process.run_island", fake_run_island)
     r = CliRunner().invoke(main, ["join", "--secret-file", str(secret_file), "--device", "cpu"],
                            env={"P2P_DILOCO_SECRET": None, "P2P_DILOCO_SECRET_FILE": None})
     assert r.exit_code == 0, r.output
-    assert seen["network"].secret == seen["discovery"].secret == SECRET
+    assert seen["discovery"].secret == SECRET
     assert SECRET not in repr(seen["discovery"])
 
 
-def test_the_api_gives_one_secret_to_both_configs(monkeypatch):
+def test_the_api_keeps_the_secret_in_its_one_home(monkeypatch):
     torch = pytest.importorskip("torch")
-    from p2p_diloco.config import DiscoveryConfig, NetworkConfig
+    from p2p_diloco.config import DiscoveryConfig
     from p2p_diloco.peers import api
 
     captured = {}
     monkeypatch.setattr(api, "SwarmIsland", lambda *a, **kw: captured.update(kw))  # no swarm: only the configs
     model = torch.nn.Linear(2, 2)
-    for kwargs, expected in (({"secret": SECRET}, SECRET), ({"network": NetworkConfig(secret="n")}, "n"),
-                             ({"discovery": DiscoveryConfig(secret="d")}, "d"), ({}, None)):
+    for kwargs, expected in (({"secret": SECRET}, SECRET), ({"discovery": DiscoveryConfig(secret="d")}, "d"),
+                             ({}, None)):
         api.join(model, torch.optim.SGD(model.parameters(), lr=0.1), **kwargs)
-        assert captured["network"].secret == captured["discovery"].secret == expected, kwargs
+        assert captured["discovery"].secret == expected, kwargs

@@ -183,17 +183,17 @@ def test_push_messages_round_trip_and_a_put_must_be_two_frames():
 def test_with_a_swarm_secret_only_members_push_and_a_relay_needs_the_secret(servers):
     from p2p_diloco.errors import AuthRefused
 
-    secret = NetworkConfig(compression="int8", secret="correct horse")
+    cfg, secret = NetworkConfig(compression="int8"), "correct horse"
     policy = Policy()
-    srv = SnapshotServer(config=secret, pushes=policy)
-    relay = SnapshotServer(config=secret, relay=True)
+    srv = SnapshotServer(config=cfg, secret=secret, pushes=policy)
+    relay = SnapshotServer(config=cfg, secret=secret, relay=True)
     try:
         srv.publish(_state(0), version=1, tokens=1)
         manifest, buf = _own(1)
-        with Fetcher(srv.endpoint, secret) as f:  # over CurveZMQ, as a member
+        with Fetcher(srv.endpoint, cfg, secret=secret) as f:  # over CurveZMQ, as a member
             f.manifest(timeout=5)
             f.push(manifest, memoryview(buf.numpy()), timeout=5)
-        with Fetcher(relay.endpoint, secret) as f:
+        with Fetcher(relay.endpoint, cfg, secret=secret) as f:
             f.push(manifest, memoryview(buf.numpy()), timeout=5)
         for endpoint in (srv.endpoint, relay.endpoint):
             with Fetcher(endpoint, NetworkConfig()) as f, pytest.raises(AuthRefused):  # no secret: no handshake

@@ -27,8 +27,8 @@ def _state(seed: int = 0, n: int = 50_000) -> dict[str, torch.Tensor]:
 def server():
     servers = []
 
-    def make(**cfg) -> SnapshotServer:
-        s = SnapshotServer(config=NetworkConfig(**{"compression": "fp32", **cfg}))
+    def make(secret=None, **cfg) -> SnapshotServer:
+        s = SnapshotServer(config=NetworkConfig(**{"compression": "fp32", **cfg}), secret=secret)
         servers.append(s)
         return s
 
@@ -150,19 +150,19 @@ def test_secret_admits_only_peers_that_hold_it(server):
     srv = server(secret="correct horse")
     big = {"phi": torch.randn(6_000_000)}  # 24 MB: full 8 MiB chunks, each a little larger once encrypted
     srv.publish(big, version=3, tokens=0)
-    full = NetworkConfig(secret="correct horse", min_chunk_bytes=wire.MAX_CHUNK, max_chunk_bytes=wire.MAX_CHUNK)
-    snap = fetch(srv.endpoint, full, timeout=10)
+    full = NetworkConfig(min_chunk_bytes=wire.MAX_CHUNK, max_chunk_bytes=wire.MAX_CHUNK)
+    snap = fetch(srv.endpoint, full, timeout=10, secret="correct horse")
     assert snap.version == 3 and torch.equal(snap.tensors["phi"], big["phi"])
     assert snap.stats.chunk_bytes == wire.MAX_CHUNK
-    for cfg in (NetworkConfig(), NetworkConfig(secret="battery staple")):
+    for secret in (None, "battery staple"):
         with pytest.raises(AuthRefused, match="secret"):
-            fetch(srv.endpoint, cfg, timeout=10)
+            fetch(srv.endpoint, NetworkConfig(), timeout=10, secret=secret)
     assert _eventually(lambda: srv.stats()["auth_refused"] >= 2)  # counted by the server's monitor thread
     assert srv.stats()["manifests_served"] == 1
     plain = server()
     plain.publish(_state(), version=1, tokens=0)
     with pytest.raises(AuthRefused):  # we have a secret, the server has none
-        fetch(plain.endpoint, NetworkConfig(secret="correct horse"), timeout=10)
+        fetch(plain.endpoint, NetworkConfig(), timeout=10, secret="correct horse")
 
 
 def test_silent_peer_times_out():

@@ -111,12 +111,15 @@ def test_estimates_are_remembered_per_endpoint():
 @pytest.mark.parametrize("field, value", [
     ("compression", "zip"), ("min_chunk_bytes", 1024), ("max_chunk_bytes", 16 * MiB), ("max_chunk_bytes", 1000),
     ("initial_window_bytes", 1000), ("max_window_bytes", MiB), ("max_upload_mbps", 0), ("latency_ms", -1),
-    ("bandwidth_mbps", -5), ("secret", ""), ("fetch_timeout_s", 0), ("retain_snapshots", 0),
+    ("bandwidth_mbps", -5), ("fetch_timeout_s", 0), ("retain_snapshots", 0),
 ])
 def test_network_config_names_the_bad_field(field, value):
     with pytest.raises(ConfigError, match=f"network.{field}"):
         NetworkConfig(**{field: value})
 
 
-def test_network_config_hides_the_secret():
-    assert "hunter2" not in repr(NetworkConfig(secret="hunter2"))
+def test_discovery_config_hides_the_secret_and_is_its_one_home():
+    from p2p_diloco.config import DiscoveryConfig
+
+    assert "hunter2" not in repr(DiscoveryConfig(secret="hunter2"))
+    assert not hasattr(NetworkConfig(), "secret")
