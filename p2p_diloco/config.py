@@ -119,15 +119,14 @@ class DiLoCoConfig:
     """The outer loop: rounds of H inner steps, gossip mixing, outer Nesterov step."""
 
     local_steps: int = 15
-    """H: inner steps per round (`max_local_steps`; a slow island may do fewer within `round_seconds`).
-    15 is the best measured at the benchmark budget that still sends 59x fewer bytes than data
-    parallel (BENCHMARKS.md); the byte ratio falls with H (about 4H)."""
+    """H: inner steps per round (a slow island may do fewer within `round_seconds`); the bytes an
+    island sends per token fall with H (BENCHMARKS.md, "Third sweep: H")."""
     round_seconds: float | None = None
     """Wall-clock budget of one round's inner steps; None means H steps whatever they take."""
     outer_lr: float = 0.7
-    """Outer Nesterov learning rate (with mu 0.5, the best measured for gossip mixed on arrival; BENCHMARKS.md)."""
+    """Outer Nesterov learning rate (BENCHMARKS.md, "Fourth sweep: the outer step at H=15")."""
     outer_momentum: float = 0.5
-    """Outer Nesterov momentum mu (0.5: a run of a few dozen rounds never builds up 0.9; BENCHMARKS.md)."""
+    """Outer Nesterov momentum mu (BENCHMARKS.md, "Fourth sweep: the outer step at H=15")."""
     momentum: str = "rescaled-int4"
     """How outer momentum travels (`core.modes.Momentum`): `rescaled-int4` (default) publishes it in
     4 bits beside the weights, mixes it with the partner's weight and rescales it to the
@@ -257,8 +256,8 @@ class NetworkConfig:
     secret that keys it is `DiscoveryConfig.secret`)."""
 
     compression: str = "int8"
-    """Codec of published state: fp32 (lossless), bf16, fp16, or int8 (per-block scales; the default: the
-    simulator measured the same eval loss as bf16 at half its bytes, BENCHMARKS.md)."""
+    """Codec of the published anchor: fp32 (lossless), bf16, fp16, int8 (per-block scales, the default)
+    or int4 (BENCHMARKS.md, "First sweep: ... codec")."""
     min_chunk_bytes: int = 64 * 1024
     """Smallest chunk a fetcher asks for (the protocol allows 64 KiB to 8 MiB)."""
     max_chunk_bytes: int = 8 * 1024 * 1024
@@ -339,7 +338,7 @@ class IslandConfig:
     then takes any. Islands are never exactly in phase, so at a round's start some partners have
     not yet published this version, and a state one version older weighs less and pulls the
     island back; the first to publish it would be the same partner every round, and discovery
-    shows a publish a second or two late (BENCHMARKS.md, Swarm)."""
+    shows a publish a second or two late (BENCHMARKS.md, "Swarm")."""
     max_stretch: float = 0.5
     """An island that runs ahead of most others trains on past its H steps, by up to this share of
     H, until its round ends with theirs (`p2p_diloco.peers.pacing`); it never idles, and a round never passes

@@ -26,7 +26,7 @@ from p2p_diloco.core.model import build_model
 from p2p_diloco.peers.distributed import IntraIsland, RankFollower
 from p2p_diloco.peers.island import SwarmIsland
 from p2p_diloco.peers.runner import Trainer, train
-from p2p_diloco.tui.launch import leave_terminal
+from p2p_diloco.terminal import leave_terminal
 
 EVAL_BATCH_SIZE = 16
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import stat
 import sys
 import threading
 from typing import IO, Mapping
 
+from p2p_diloco.terminal import leave_terminal
 from p2p_diloco.tui.source import Source
 
 logger = logging.getLogger(__name__)
@@ -59,22 +59,6 @@ class _ToApp(logging.Handler):
             self.app.post_message(LogLine(level, record.getMessage()))
         except Exception:
             self.handleError(record)
-
-
-def leave_terminal() -> None:
-    """After a hangup, point stdout and stderr, when they are a (closed) terminal, at /dev/null:
-    every write to a closed terminal fails, and a last line must not turn a clean exit into a crash
-    (the dashboard's, or an island's progress line: `peers/process.py`)."""
-    null = os.open(os.devnull, os.O_WRONLY)
-    try:
-        for fd in (1, 2):
-            try:
-                if stat.S_ISCHR(os.fstat(fd).st_mode):
-                    os.dup2(null, fd)
-            except OSError:
-                pass
-    finally:
-        os.close(null)
 
 
 def _terminal_handlers(root: logging.Logger) -> list[logging.Handler]:

@@ -24,7 +24,7 @@ FOLDERS = {"p2p_diloco": "p2p_diloco", "p2p_diloco.peers": "peers", "p2p_diloco.
            "p2p_diloco.bootstrap": "bootstrap"}
 """Installed package name -> folder (pyproject.toml maps the last three)."""
 LAYERS = [
-    {"p2p_diloco", "p2p_diloco.errors", "p2p_diloco.config", "p2p_diloco.addresses"},
+    {"p2p_diloco", "p2p_diloco.errors", "p2p_diloco.config", "p2p_diloco.addresses", "p2p_diloco.terminal"},
     {"p2p_diloco.core"},
     {"p2p_diloco.exchange", "p2p_diloco.discovery"},
     {"p2p_diloco.sim", "p2p_diloco.peers", "p2p_diloco.tui", "p2p_diloco.bootstrap"},
@@ -157,6 +157,27 @@ def test_core_imports_only_config_and_errors_from_the_project():
     outside = {dep for module, deps in GRAPH.items() if module.startswith("p2p_diloco.core")
                for dep in deps if not dep.startswith("p2p_diloco.core")}
     assert outside <= {"p2p_diloco.config", "p2p_diloco.errors", "p2p_diloco.addresses"}, outside
+
+
+BOTTOM = ("p2p_diloco", "p2p_diloco.errors", "p2p_diloco.config", "p2p_diloco.choices", "p2p_diloco.addresses",
+          "p2p_diloco.terminal")
+MIDDLE = {
+    "p2p_diloco.sim": ("p2p_diloco.sim", "p2p_diloco.core", "p2p_diloco.exchange.cost"),
+    "p2p_diloco.tui": ("p2p_diloco.tui", "p2p_diloco.discovery"),
+}
+"""What each package of the middle layer may use besides the bottom one (docs/DESIGN.md, "Architecture")."""
+
+
+def test_the_middle_layer_uses_what_docs_design_says():
+    wrong = []
+    for module, deps in GRAPH.items():
+        allowed = next((a for p, a in MIDDLE.items() if module == p or module.startswith(p + ".")), None)
+        if allowed is not None:
+            wrong += [f"{module} -> {d}" for d in deps
+                      if d not in BOTTOM and not any(d == a or d.startswith(a + ".") for a in allowed)]
+        if module.startswith("p2p_diloco.peers.") and module != "p2p_diloco.peers.demo":
+            wrong += [f"{module} -> {d}" for d in deps if d.startswith(("p2p_diloco.tui", "p2p_diloco.sim"))]
+    assert wrong == [], "the middle layer's rules in docs/DESIGN.md"
 
 
 def loaded_by(code: str) -> set[str]:
