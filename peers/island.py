@@ -44,18 +44,19 @@ from p2p_diloco.core.params import fingerprint, weights_digest
 from p2p_diloco.core.public import PublicCopies
 from p2p_diloco.discovery import open_membership
 from p2p_diloco.discovery.records import IslandRecord
-from p2p_diloco.peers import checkpoint
 from p2p_diloco.errors import CheckpointError
-from p2p_diloco.peers.divergence import DivergenceGuard
+from p2p_diloco.peers import checkpoint
+from p2p_diloco.peers.checks import PartnerChecks
 from p2p_diloco.peers.distributed import CARRY_ON, NEW_ROUND, STOP, SYNC, IntraIsland
+from p2p_diloco.peers.divergence import DivergenceGuard
 from p2p_diloco.peers.gossip import GossipWorker
+from p2p_diloco.peers.identity import Identity
 from p2p_diloco.peers.metrics import LinkRates, MetricsLog, progress_line
 from p2p_diloco.peers.partners import PartnerChooser
-from p2p_diloco.peers.plausibility import PlausibilityGate, distance, norm, relative_distance
+from p2p_diloco.peers.plausibility import distance, norm, relative_distance
 from p2p_diloco.peers.publishing import Publisher
 from p2p_diloco.peers.reach import Door, PushInbox, check_reach
 from p2p_diloco.peers.rounds import ANNOUNCE_EVERY_S, Round, RoundsMixin
-from p2p_diloco.peers.identity import Identity
 from p2p_diloco.peers.state import DISCOVERY_SETTLE_S, STALE_LAG, ModelExtras, StateSource, resume
 
 log = logging.getLogger(__name__)
@@ -105,9 +106,6 @@ class SwarmIsland(RoundsMixin):
         self.publisher = Publisher(self.server, self.outer, self.exchange, self.identity)
         self.source = StateSource(self.identity, self.outer, self.membership, self.network, discovery.secret,
                                   lambda: self._stop_asked)
-        self.gate = PlausibilityGate()
-        self.catch_up = None
-        """The download of the freshest states, while this island catches up (`peers.state.CatchUp`)."""
         self.guard = DivergenceGuard(self.name, self.outer, optimizer, scheduler)
         self.gossip = GossipWorker(self.network, secret=discovery.secret, timeout_s=self.network.fetch_timeout_s,
                                    measure=lambda snap: relative_distance(self.outer.state.phi, snap.tensors["phi"]),
@@ -116,12 +114,12 @@ class SwarmIsland(RoundsMixin):
         self.chooser = PartnerChooser(self.peer_id, self.diloco.max_staleness, model=self.fingerprint,
                                       relay=self.reach.relay is not None, rng=random.Random(self.peer_id),
                                       ring=self.exchange.ring)
+        self.checks = PartnerChecks(self.identity, self.outer, self.chooser, self.publisher, self.source)
         self.metrics = MetricsLog(self.cfg.run_dir)
         (self.cfg.run_dir / "island.json").write_text(json.dumps({"peer_id": self.peer_id, "name": self.name,
                                                                   "endpoint": self.server.endpoint}))
         self.started_at = time.time()
-        self.round = self.mixes = self.bytes_in = self.refused = 0
-        self.last_refused: str | None = None
+        self.round = self.mixes = self.bytes_in = 0
         self.own_tokens = 0
         self.inner_seconds = 0.0
         self.initial_loss: float | None = None
@@ -170,7 +168,7 @@ class SwarmIsland(RoundsMixin):
         """The island's figures now: what the dashboard shows of it, as a dict."""
         return {"peer_id": self.peer_id, "name": self.name, "version": self.version, "round": self.round,
                 "tokens": self.own_tokens, "partner": self.last_partner, "staleness": self.last_staleness,
-                "mixes": self.mixes, "refused": self.refused, "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
+                "mixes": self.mixes, "refused": self.checks.refused, "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
                 "loss": self.last_loss, "eval_loss": self.eval_loss, "state": self.state, "reach": self.reach.mode}
 
     @property
@@ -313,7 +311,7 @@ class SwarmIsland(RoundsMixin):
     def _summary(self) -> dict[str, Any]:
         return {"peer_id": self.peer_id, "name": self.name, "initial_loss": self.initial_loss,
                 "eval_loss": self.eval_loss, "version": self.version, "tokens": self.own_tokens,
-                "rounds": self.round, "mixes": self.mixes, "refused": self.refused, "utilization": self.utilization(),
+                "rounds": self.round, "mixes": self.mixes, "refused": self.checks.refused, "utilization": self.utilization(),
                 "bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "reach": self.reach.mode,
                 "pushes_sent": self.gossip.pushes["sent"], "pushes_failed": self.gossip.pushes["failed"],
                 "pushes_taken": self.server.stats()["pushes_stored"]}
@@ -351,8 +349,8 @@ class SwarmIsland(RoundsMixin):
         return IslandRecord(peer_id=self.peer_id, endpoint=self.server.endpoint, version=s.version, tokens=s.tokens,
                             tokens_per_s=tokens_per_s, loss=self.last_loss, eval_loss=self.eval_loss,
                             state=self.state, upload_bps=up, download_bps=down, bytes_sent=sent,
-                            bytes_received=self.bytes_in, last_partner=self.last_partner, refused=self.refused,
-                            last_refused=self.last_refused,
+                            bytes_received=self.bytes_in, last_partner=self.last_partner, refused=self.checks.refused,
+                            last_refused=self.checks.last_refused,
                             started_at=self.started_at, published_at=self.publisher.published_at,
                             timestamp=time.time(), model=self.fingerprint, reach=self.reach.mode)
 

@@ -12,11 +12,8 @@ import time
 from dataclasses import dataclass, field
 
 from p2p_diloco.core.outer import PartnerState
-from p2p_diloco.errors import TransportError
-from p2p_diloco.peers.gossip import partner_state
+from p2p_diloco.peers.gossip import FetchResult
 from p2p_diloco.peers.pacing import catch_up_seconds
-from p2p_diloco.peers.plausibility import PlausibilityGate
-from p2p_diloco.peers.state import STALE_LAG, CatchUp
 
 log = logging.getLogger(__name__)
 ANNOUNCE_EVERY_S = 2.0
@@ -94,7 +91,7 @@ class RoundsMixin:
     def _keep_fetching(self, rnd: Round) -> None:
         """Start a fetch when none runs and it is time to look for a partner (again)."""
         now = time.monotonic()
-        if rnd.fetching or now < rnd.next_try or self.catch_up is not None:
+        if rnd.fetching or now < rnd.next_try or self.checks.catch_up is not None:
             return  # (catching up, every partner's state would be refused as too far: wait for it)
         same_version = now < rnd.fresh_until
         rnd.fetching = self._start_fetch(rnd.fresh_until if same_version else None)
@@ -118,70 +115,22 @@ class RoundsMixin:
         partner = self.chooser.choose(members, v, min_version=v - 1, skip_recent=True)
         return partner is not None and self.gossip.start(partner, min_version=v, wait_until=fresh_until)
 
-    def _take_partner(self, result=None) -> tuple[list[PartnerState], dict]:
-        """The fetched partner state (or the pushed one given), if one arrived, checked against this
-        model, and its figures. A pushed state gets every check a fetched one gets."""
+    def _take_partner(self, result: FetchResult | None = None) -> tuple[list[PartnerState], dict]:
+        """The fetched partner state (or the pushed one given), if one arrived and passed every check
+        (`peers.checks`), and the exchange's figures. A pushed state gets every check a fetched one gets."""
         result = result or self.gossip.take()
         if result is None:
             return [], {"partner": None, "fetch_s": None, "bytes_in": 0}
-        info = {"partner": result.peer_id, "fetch_s": round(result.seconds, 3), "wait_s": round(result.waited_s, 3),
-                "bytes_in": result.nbytes}
-        if result.snapshot is None:
-            info["fetch_error"] = result.error
-            if result.bad_state:
-                return self._refuse(result.peer_id, result.error, info)
-            self.chooser.failed(result.peer_id)
-            return [], info
-        if not result.pushed:
-            self.chooser.succeeded(result.peer_id, result.nbytes, result.seconds)
-        self.bytes_in += result.nbytes
-        try:
-            state = partner_state(result.snapshot, self.outer.state.phi.numel(), self.fingerprint, self.run_digest,
-                                  public=result.public, own_public=self.publisher.public, anchor=self.outer.state.phi)
-        except TransportError as e:  # another model or run: it never changes, so never again
-            self.chooser.exclude(result.peer_id)
-            return self._refuse(result.peer_id, str(e), info)
-        why = self.gate.judge(result.distance)
-        if why is not None:
-            if state.version >= self.outer.state.version + STALE_LAG:
-                self._catch_up(result.peer_id, state.version)  # this island may be the stale one
-                info["caught_up"] = True
-            return self._refuse(result.peer_id, why, info)
-        info["distance"] = None if result.distance is None else round(result.distance, 6)
-        return [state], info
-
-    def _catch_up(self, peer_id: str, version: int) -> None:
-        """Far behind the swarm (resumed after a long absence, or stalled), a state that far ahead is
-        legitimately far from this island's anchor, but a claimed version proves nothing (the state
-        is still refused, and counted); so the island rejoins as a newcomer does, adopting the state
-        most of the freshest members agree on (`_adopt_caught_up`). The downloads run on a thread:
-        the island trains on meanwhile."""
-        if self.catch_up is None:
-            log.warning("%s is at version %d, %s at %d: catching up from the freshest members",
-                        self.name, self.outer.state.version, peer_id[:8], version)
-            self.catch_up = CatchUp(self.source)
+        state, info = self.checks.admit(result)
+        self.bytes_in += info["bytes_in"]
+        return ([] if state is None else [state]), info
 
     def _adopt_caught_up(self) -> None:
-        """Between inner steps: adopt what a finished catch-up downloaded; its plausibility history
-        starts over."""
-        states = None if self.catch_up is None else self.catch_up.take()
-        if states is None:
-            return
-        self.catch_up = None
-        if states:
-            self.bytes_in += self.source.adopt(states, started=True)
-            self.publisher.restart_public()
-            self.gate = PlausibilityGate()
+        """Between inner steps: adopt what a finished catch-up downloaded, if it has."""
+        nbytes = self.checks.adopt_caught_up()
+        if nbytes is not None:
+            self.bytes_in += nbytes
             self.weights_changed = True
-
-    def _refuse(self, peer_id: str, why: str, info: dict) -> tuple[list[PartnerState], dict]:
-        """A partner's state is not mixed: count it, tell the dashboard, back the partner off (or drop it)."""
-        self.refused += 1
-        self.last_refused = peer_id
-        dropped = self.chooser.refused(peer_id)
-        log.warning("refused the state of %s: %s%s", peer_id[:8], why, "; never choosing it again" if dropped else "")
-        info["refused"] = why
-        return [], info
 
     def _final_mix(self, rnd: Round) -> None:
         """`final_mix`, the budget spent: fetch one partner's last state and mix it into the anchor and

@@ -1,0 +1,105 @@
+"""Every check a partner's state gets before it is mixed, and what a refusal does.
+
+A state that arrived, fetched or pushed, is mixable only when its bytes checked out on the way
+(digests, sizes, finite values: `exchange.payload`), it is of this island's model and run
+(`peers.gossip.partner_state`) and its distance from this island's anchor is plausible
+(`peers.plausibility`). A refused state is counted and logged, and its sender backs off, or is
+never chosen again (`PartnerChooser`). A state refused as too far while far ahead may mean that
+this island is the stale one: it then catches up from the freshest members on a thread of its own
+(`peers.state.CatchUp`), training on meanwhile.
+
+`PartnerChecks` owns the gate, the catch-up and the refusal counts; the island's round asks it
+(`admit`) and mixes what it returns.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from p2p_diloco.core.island import OuterLoop
+from p2p_diloco.core.outer import PartnerState
+from p2p_diloco.errors import TransportError
+from p2p_diloco.peers.gossip import FetchResult, partner_state
+from p2p_diloco.peers.identity import Identity
+from p2p_diloco.peers.partners import PartnerChooser
+from p2p_diloco.peers.plausibility import PlausibilityGate
+from p2p_diloco.peers.publishing import Publisher
+from p2p_diloco.peers.state import STALE_LAG, CatchUp, StateSource
+
+log = logging.getLogger(__name__)
+
+
+class PartnerChecks:
+    """The checks of partners' states for one island (see the module docstring)."""
+
+    def __init__(self, identity: Identity, outer: OuterLoop, chooser: PartnerChooser, publisher: Publisher,
+                 source: StateSource) -> None:
+        self.identity, self.outer, self.chooser, self.publisher, self.source = identity, outer, chooser, publisher, source
+        self.gate = PlausibilityGate()
+        self.catch_up: CatchUp | None = None
+        """The download of the freshest states, while this island catches up."""
+        self.refused = 0
+        self.last_refused: str | None = None
+
+    def admit(self, result: FetchResult) -> tuple[PartnerState | None, dict]:
+        """The state of an exchange that ended (fetched, or pushed to this island), if it may be mixed,
+        and the exchange's figures for the round's row."""
+        info = {"partner": result.peer_id, "fetch_s": round(result.seconds, 3), "wait_s": round(result.waited_s, 3),
+                "bytes_in": result.nbytes}
+        if result.snapshot is None:
+            info["fetch_error"] = result.error
+            if result.bad_state:
+                return self.refuse(result.peer_id, result.error, info)
+            self.chooser.failed(result.peer_id)
+            return None, info
+        if not result.pushed:
+            self.chooser.succeeded(result.peer_id, result.nbytes, result.seconds)
+        anchor = self.outer.state.phi
+        try:
+            state = partner_state(result.snapshot, anchor.numel(), self.identity.model, self.identity.run,
+                                  public=result.public, own_public=self.publisher.public, anchor=anchor)
+        except TransportError as e:  # another model or run: it never changes, so never again
+            self.chooser.exclude(result.peer_id)
+            return self.refuse(result.peer_id, str(e), info)
+        why = self.gate.judge(result.distance)
+        if why is not None:
+            if state.version >= self.outer.state.version + STALE_LAG:
+                self._catch_up(result.peer_id, state.version)  # this island may be the stale one
+                info["caught_up"] = True
+            return self.refuse(result.peer_id, why, info)
+        info["distance"] = None if result.distance is None else round(result.distance, 6)
+        return state, info
+
+    def refuse(self, peer_id: str, why: str, info: dict) -> tuple[None, dict]:
+        """A partner's state is not mixed: count it, tell the dashboard, back the partner off (or drop it)."""
+        self.refused += 1
+        self.last_refused = peer_id
+        dropped = self.chooser.refused(peer_id)
+        log.warning("refused the state of %s: %s%s", peer_id[:8], why, "; never choosing it again" if dropped else "")
+        info["refused"] = why
+        return None, info
+
+    def _catch_up(self, peer_id: str, version: int) -> None:
+        """Far behind the swarm (resumed after a long absence, or stalled), a state that far ahead is
+        legitimately far from this island's anchor, but a claimed version proves nothing (the state
+        is still refused, and counted); so the island rejoins as a newcomer does, adopting the state
+        most of the freshest members agree on (`adopt_caught_up`)."""
+        if self.catch_up is None:
+            log.warning("%s is at version %d, %s at %d: catching up from the freshest members",
+                        self.identity.name, self.outer.state.version, peer_id[:8], version)
+            self.catch_up = CatchUp(self.source)
+
+    def adopt_caught_up(self) -> int | None:
+        """Between inner steps: adopt what a finished catch-up downloaded (the plausibility history and
+        the public state start over there). Returns the bytes it downloaded, or None while nothing
+        was adopted."""
+        states = None if self.catch_up is None else self.catch_up.take()
+        if states is None:
+            return None
+        self.catch_up = None
+        if not states:
+            return None
+        nbytes = self.source.adopt(states, started=True)
+        self.publisher.restart_public()
+        self.gate = PlausibilityGate()
+        return nbytes
