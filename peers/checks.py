@@ -64,7 +64,7 @@ class PartnerChecks:
         why = self.gate.judge(result.distance)
         if why is not None:
             if state.version >= self.outer.state.version + STALE_LAG:
-                self._catch_up(result.peer_id, state.version)  # this island may be the stale one
+                self.catch_up_from(result.peer_id, state.version)  # this island may be the stale one
                 info["caught_up"] = True
             return self.refuse(result.peer_id, why, info)
         info["distance"] = None if result.distance is None else round(result.distance, 6)
@@ -79,7 +79,7 @@ class PartnerChecks:
         info["refused"] = why
         return None, info
 
-    def _catch_up(self, peer_id: str, version: int) -> None:
+    def catch_up_from(self, peer_id: str, version: int) -> None:
         """Far behind the swarm (resumed after a long absence, or stalled), a state that far ahead is
         legitimately far from this island's anchor, but a claimed version proves nothing (the state
         is still refused, and counted); so the island rejoins as a newcomer does, adopting the state
