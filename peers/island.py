@@ -41,7 +41,6 @@ from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, IslandConfig, Netwo
 from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.modes import exchange_mode
 from p2p_diloco.core.params import fingerprint, weights_digest
-from p2p_diloco.core.public import PublicCopies
 from p2p_diloco.discovery import open_membership
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.errors import CheckpointError
@@ -53,10 +52,10 @@ from p2p_diloco.peers.gossip import GossipWorker
 from p2p_diloco.peers.identity import Identity
 from p2p_diloco.peers.metrics import LinkRates, MetricsLog, progress_line
 from p2p_diloco.peers.partners import PartnerChooser
-from p2p_diloco.peers.plausibility import distance, norm, relative_distance
+from p2p_diloco.peers.plausibility import relative_distance
 from p2p_diloco.peers.publishing import Publisher
 from p2p_diloco.peers.reach import Door, PushInbox, check_reach
-from p2p_diloco.peers.rounds import ANNOUNCE_EVERY_S, Round, RoundsMixin
+from p2p_diloco.peers.rounds import ANNOUNCE_EVERY_S, Rounds, Tally
 from p2p_diloco.peers.state import DISCOVERY_SETTLE_S, STALE_LAG, ModelExtras, StateSource, resume
 
 log = logging.getLogger(__name__)
@@ -64,7 +63,7 @@ ABANDON_FETCH_S = 1.0
 """On leaving, how long a running fetch may finish before it is abandoned."""
 
 
-class SwarmIsland(RoundsMixin):
+class SwarmIsland:
     """One island of a swarm around a user's model and inner optimizer (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None, *,
@@ -110,22 +109,24 @@ class SwarmIsland(RoundsMixin):
         self.gossip = GossipWorker(self.network, secret=discovery.secret, timeout_s=self.network.fetch_timeout_s,
                                    measure=lambda snap: relative_distance(self.outer.state.phi, snap.tensors["phi"]),
                                    push_source=self.server.latest if self.reach.mode == "outbound" else None,
-                                   relay=self.reach.relay, **self._public_exchange())
+                                   relay=self.reach.relay, **self.publisher.partner_copies())
         self.chooser = PartnerChooser(self.peer_id, self.diloco.max_staleness, model=self.fingerprint,
                                       relay=self.reach.relay is not None, rng=random.Random(self.peer_id),
                                       ring=self.exchange.ring)
         self.checks = PartnerChecks(self.identity, self.outer, self.chooser, self.publisher, self.source)
+        self.tally = Tally()
+        self.rounds = Rounds(identity=self.identity, outer=self.outer, diloco=self.diloco, island=self.cfg,
+                             network=self.network, membership=self.membership, gossip=self.gossip,
+                             chooser=self.chooser, checks=self.checks, inbox=self.inbox, publisher=self.publisher,
+                             tally=self.tally, stopped=lambda: self._stop_asked)
         self.metrics = MetricsLog(self.cfg.run_dir)
         (self.cfg.run_dir / "island.json").write_text(json.dumps({"peer_id": self.peer_id, "name": self.name,
                                                                   "endpoint": self.server.endpoint}))
         self.started_at = time.time()
-        self.round = self.mixes = self.bytes_in = 0
-        self.own_tokens = 0
+        self.round = self.own_tokens = 0
         self.inner_seconds = 0.0
         self.initial_loss: float | None = None
         self.eval_loss: float | None = None
-        self.last_partner: str | None = None
-        self.last_staleness: int | None = None
         self.state = "joining"
         self.link_rates = LinkRates()
         self.done = self.weights_changed = False
@@ -134,7 +135,6 @@ class SwarmIsland(RoundsMixin):
         self._t0: float | None = None
         self._returned_at = 0.0
         self._loss: float | None = None
-        self._rnd: Round | None = None
 
     # -- the user's side -------------------------------------------------------------------------
     def __enter__(self) -> SwarmIsland:
@@ -166,9 +166,10 @@ class SwarmIsland(RoundsMixin):
 
     def figures(self) -> dict[str, Any]:
         """The island's figures now: what the dashboard shows of it, as a dict."""
+        t = self.tally
         return {"peer_id": self.peer_id, "name": self.name, "version": self.version, "round": self.round,
-                "tokens": self.own_tokens, "partner": self.last_partner, "staleness": self.last_staleness,
-                "mixes": self.mixes, "refused": self.checks.refused, "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
+                "tokens": self.own_tokens, "partner": t.last_partner, "staleness": t.last_staleness,
+                "mixes": t.mixes, "refused": self.checks.refused, "bytes_in": t.bytes_in, "bytes_out": self.bytes_out,
                 "loss": self.last_loss, "eval_loss": self.eval_loss, "state": self.state, "reach": self.reach.mode}
 
     @property
@@ -209,7 +210,7 @@ class SwarmIsland(RoundsMixin):
         if not self.wait_for_members(self.cfg.wait_for, self.cfg.join_timeout_s) and not self._stop_asked:
             log.warning("fewer than %d islands after %.0f s; starting anyway", self.cfg.wait_for, self.cfg.join_timeout_s)
         self._t0 = self._returned_at = time.monotonic()
-        self._rnd = Round.begin(self.cfg.same_version_wait, 0.0)
+        self.rounds.begin(0.0)
         if self._stop_asked:  # stopped while starting: no round to train
             self.done = True
             self._tell_ranks(STOP)
@@ -225,7 +226,7 @@ class SwarmIsland(RoundsMixin):
         self.wait_for_members(2, min(DISCOVERY_SETTLE_S, self.cfg.join_timeout_s))  # who is there?
         if (others := self.source.freshest()) and others[0].version >= self.version + lead:
             self.state = "syncing"
-            self.bytes_in += self.source.adopt(self.source.download(others, self.cfg.join_timeout_s), bool(self.round))
+            self.tally.bytes_in += self.source.adopt(self.source.download(others, self.cfg.join_timeout_s), bool(self.round))
 
     def step(self, loss: Any = None, tokens: int | None = None) -> None:
         """Call after each inner optimizer step: round bookkeeping, mixing and gossip (see the module docstring).
@@ -241,7 +242,7 @@ class SwarmIsland(RoundsMixin):
         if self.done:
             return
         now = time.monotonic()
-        rnd = self._rnd
+        rnd = self.rounds.rnd
         rnd.compute_s += now - self._returned_at
         self.inner_seconds += now - self._returned_at
         if loss is not None:
@@ -250,26 +251,41 @@ class SwarmIsland(RoundsMixin):
         self.outer.round_steps += 1
         rnd.tokens += (self.tokens_per_step if tokens is None else tokens) * self.world
         if now - rnd.last_announce >= ANNOUNCE_EVERY_S:  # keep watchers current mid-round
-            self.membership.announce(self.record(self.tokens_per_s(rnd)))
+            self.membership.announce(self.record(self.rounds.tokens_per_s()))
             rnd.last_announce = now
-        ended = self._round_over(rnd)
+        ended = self.rounds.over(self.own_tokens)
         if ended:
-            self._end_round(rnd)
+            self._end_round()
             self.done = self._budget_spent()
-            self._rnd = rnd = Round.begin(self.cfg.same_version_wait, rnd.compute_s)
+            self.rounds.begin(rnd.compute_s)
             if self.done and self.diloco.final_mix and not self._stop_asked:
-                self._final_mix(rnd)
+                info = self.rounds.final_mix()
+                if info is not None:
+                    self.metrics.write({"final_mix": info})
         if not self.done:
-            self._keep_fetching(rnd)
-            rnd.arrived = rnd.arrived or self._mix_if_arrived(rnd)
-            self._mix_pushed(rnd)
-            self._adopt_caught_up()
-        self._tell_ranks(STOP if self.done else NEW_ROUND if ended else SYNC if self.weights_changed else CARRY_ON)
+            self.rounds.between_steps()
+        changed = self.weights_changed or self.rounds.changed
+        self._tell_ranks(STOP if self.done else NEW_ROUND if ended else SYNC if changed else CARRY_ON)
         self._returned_at = time.monotonic()
+
+    def _end_round(self) -> None:
+        """Mix what arrived after the last step, take the outer step (`Rounds.finish`), then evaluate,
+        publish, announce and log."""
+        if not self.guard.weights_finite():  # never an outer step from non-finite weights
+            self.guard.roll_back("non-finite weights at the round's end")
+        rnd = self.rounds.rnd
+        info, steps = self.rounds.finish()
+        self.round += 1
+        self.own_tokens += rnd.tokens
+        if self.round % self.cfg.eval_every == 0:
+            self.eval_loss = self._evaluate()
+        self.publish()
+        self.membership.announce(self.record(self.rounds.tokens_per_s()))
+        self._log_round(info, steps, rnd.compute_s)
 
     def _tell_ranks(self, cmd: int) -> None:
         """Under torchrun, what this step did, to the other ranks (`peers.distributed`)."""
-        self.weights_changed = False
+        self.weights_changed = self.rounds.changed = False
         if self.group is None or self._stop_sent:
             return
         self.group.send(cmd)
@@ -311,8 +327,9 @@ class SwarmIsland(RoundsMixin):
     def _summary(self) -> dict[str, Any]:
         return {"peer_id": self.peer_id, "name": self.name, "initial_loss": self.initial_loss,
                 "eval_loss": self.eval_loss, "version": self.version, "tokens": self.own_tokens,
-                "rounds": self.round, "mixes": self.mixes, "refused": self.checks.refused, "utilization": self.utilization(),
-                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "reach": self.reach.mode,
+                "rounds": self.round, "mixes": self.tally.mixes, "refused": self.checks.refused,
+                "utilization": self.utilization(),
+                "bytes_in": self.tally.bytes_in, "bytes_out": self.bytes_out, "reach": self.reach.mode,
                 "pushes_sent": self.gossip.pushes["sent"], "pushes_failed": self.gossip.pushes["failed"],
                 "pushes_taken": self.server.stats()["pushes_stored"]}
 
@@ -345,23 +362,15 @@ class SwarmIsland(RoundsMixin):
         """This island's discovery record (link rates: see `LinkRates`)."""
         s = self.outer.state
         sent = self.bytes_out
-        up, down = self.link_rates.update(time.monotonic(), sent, self.bytes_in)
+        up, down = self.link_rates.update(time.monotonic(), sent, self.tally.bytes_in)
         return IslandRecord(peer_id=self.peer_id, endpoint=self.server.endpoint, version=s.version, tokens=s.tokens,
                             tokens_per_s=tokens_per_s, loss=self.last_loss, eval_loss=self.eval_loss,
                             state=self.state, upload_bps=up, download_bps=down, bytes_sent=sent,
-                            bytes_received=self.bytes_in, last_partner=self.last_partner, refused=self.checks.refused,
+                            bytes_received=self.tally.bytes_in, last_partner=self.tally.last_partner,
+                            refused=self.checks.refused,
                             last_refused=self.checks.last_refused,
                             started_at=self.started_at, published_at=self.publisher.published_at,
                             timestamp=time.time(), model=self.fingerprint, reach=self.reach.mode)
-
-    def _public_exchange(self) -> dict:
-        """With `exchange="updates"`: the partners' public states this island holds, and how far one is."""
-        if not self.exchange.updates:
-            return {}
-        initial = self.outer.state.phi.detach().cpu().clone()  # (called before any state is adopted)
-        return {"copies": PublicCopies(initial=initial),  # |pub_partner - pub_own| / |anchor|: how far mixing moves it
-                "measure_public": lambda copy: distance(self.publisher.public.pub, copy.pub)
-                / max(norm(self.outer.state.phi), 1e-12)}
 
     def wait_for_members(self, count: int, timeout: float) -> bool:
         """Wait until discovery shows `count` islands, this one included (at most `timeout` s, or
@@ -389,7 +398,7 @@ class SwarmIsland(RoundsMixin):
         row = {"round": self.round, "version": self.version, "tokens": self.outer.state.tokens,
                "own_tokens": self.own_tokens, "steps": steps, "loss": self.last_loss,
                "eval_loss": self.eval_loss if self.round % self.cfg.eval_every == 0 else None,
-               "tokens_per_s": self.tokens_per_s(self._rnd), "bytes_out": self.bytes_out,
+               "tokens_per_s": self.rounds.tokens_per_s(), "bytes_out": self.bytes_out,
                "weight": None, "staleness": None, "inner_s": round(compute_s, 3),
                "wall_s": round(time.monotonic() - self._t0, 3), "utilization": self.utilization(), **info}
         self.metrics.write(row)

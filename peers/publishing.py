@@ -23,10 +23,11 @@ from p2p_diloco.core.device import pinned_buffer, to_host
 from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.modes import Exchange
 from p2p_diloco.core.params import weights_digest
-from p2p_diloco.core.public import PublicState
+from p2p_diloco.core.public import PublicCopies, PublicState
 from p2p_diloco.exchange.public_views import PublicView
 from p2p_diloco.exchange.server import SnapshotServer
 from p2p_diloco.peers.identity import Identity
+from p2p_diloco.peers.plausibility import distance, norm
 
 
 class Publisher:
@@ -62,6 +63,17 @@ class Publisher:
         if self.exchange.updates:
             self._advance_public(host["phi"])
         self.published_at = time.time()
+
+    def partner_copies(self) -> dict:
+        """With `exchange="updates"`, what the gossip worker needs to hold its partners' public states
+        (`GossipWorker`'s `copies` and `measure_public`: |pub_partner - pub_own| / |anchor|, how far
+        mixing moves the anchor); else nothing. Called before any state is adopted: every copy
+        starts at the run's initial weights."""
+        if not self.exchange.updates:
+            return {}
+        initial = self.outer.state.phi.detach().cpu().clone()
+        return {"copies": PublicCopies(initial=initial),
+                "measure_public": lambda copy: distance(self.public.pub, copy.pub) / max(norm(self.outer.state.phi), 1e-12)}
 
     def restart_public(self) -> None:
         """After the anchor jumped (a catch-up adopted another state): the next publish starts a new

@@ -1,8 +1,11 @@
 """An island's rounds between two inner steps: keep a fetch going, mix what arrived, end the round.
 
-Split from `peers.island` so that module holds the island's life (start, step, close, state) and
-this one the round's schedule. Everything here runs inside `SwarmIsland.step()`, between two of the
-user's inner steps, and never waits on the network: the fetch runs on the gossip worker's thread.
+`Rounds` is the part of `SwarmIsland` that owns the round's schedule: when to look for a partner,
+mixing what arrived (fetched or pushed, once `peers.checks` admitted it), when a round is over,
+the mixes of its end, and the final mix. The island (`peers.island`) holds its life: start,
+`step()`, the outer step's bookkeeping (publish, announce, metrics, checkpoints), close. Everything
+here runs inside `SwarmIsland.step()`, between two of the user's inner steps, and never waits on
+the network: the fetch runs on the gossip worker's thread.
 """
 
 from __future__ import annotations
@@ -11,9 +14,19 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from typing import Callable
+
+from p2p_diloco.config import DiLoCoConfig, IslandConfig, NetworkConfig
+from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.outer import PartnerState
-from p2p_diloco.peers.gossip import FetchResult
+from p2p_diloco.discovery.membership import Membership
+from p2p_diloco.peers.checks import PartnerChecks
+from p2p_diloco.peers.gossip import FetchResult, GossipWorker
+from p2p_diloco.peers.identity import Identity
 from p2p_diloco.peers.pacing import catch_up_seconds
+from p2p_diloco.peers.partners import PartnerChooser
+from p2p_diloco.peers.publishing import Publisher
+from p2p_diloco.peers.reach import PushInbox
 
 log = logging.getLogger(__name__)
 ANNOUNCE_EVERY_S = 2.0
@@ -63,34 +76,73 @@ class Round:
         return cls(start=now, fresh_until=now + same_version_wait * last_compute_s, next_try=now, last_announce=now)
 
 
-class RoundsMixin:
-    """The round's steps of `SwarmIsland` (which provides the attributes used here)."""
+@dataclass
+class Tally:
+    """What an island counts of its exchanges, for its record, its summary and the dashboard."""
 
-    def tokens_per_s(self, rnd: Round | None) -> float:
-        return 0.0 if rnd is None else rnd.tokens / max(rnd.compute_s, 1e-6)
+    mixes: int = 0
+    """Partner states mixed with a weight above 0."""
+    bytes_in: int = 0
+    """Bytes this island received: fetches, joins, catch-ups (pushes to it are the pushers')."""
+    last_partner: str | None = None
+    last_staleness: int | None = None
 
-    def _round_over(self, rnd: Round) -> bool:
+
+class Rounds:
+    """The round's schedule of one island (see the module docstring)."""
+
+    def __init__(self, *, identity: Identity, outer: OuterLoop, diloco: DiLoCoConfig, island: IslandConfig,
+                 network: NetworkConfig, membership: Membership, gossip: GossipWorker, chooser: PartnerChooser,
+                 checks: PartnerChecks, inbox: PushInbox, publisher: Publisher, tally: Tally,
+                 stopped: Callable[[], bool]) -> None:
+        self.identity, self.outer, self.diloco, self.cfg, self.network = identity, outer, diloco, island, network
+        self.membership, self.gossip, self.chooser, self.checks = membership, gossip, chooser, checks
+        self.inbox, self.publisher, self.tally, self.stopped = inbox, publisher, tally, stopped
+        self.rnd = Round.begin(island.same_version_wait, 0.0)
+        self.changed = False
+        """The weights changed outside an inner step (a mix, a catch-up): torchrun ranks must sync."""
+
+    def begin(self, last_compute_s: float) -> Round:
+        """A new round, now (`last_compute_s`: the inner-step time of the previous one)."""
+        self.rnd = Round.begin(self.cfg.same_version_wait, last_compute_s)
+        return self.rnd
+
+    def tokens_per_s(self) -> float:
+        return self.rnd.tokens / max(self.rnd.compute_s, 1e-6)
+
+    def over(self, own_tokens: int) -> bool:
         """H steps (stretched while most others are behind), the time or token budget, or a stop."""
-        steps, H = self.outer.round_steps, self.diloco.local_steps
-        if self._stop_asked or steps >= H + int(self.cfg.max_stretch * H):
+        rnd, steps, H = self.rnd, self.outer.round_steps, self.diloco.local_steps
+        if self.stopped() or steps >= H + int(self.cfg.max_stretch * H):
             return True
-        if self.cfg.max_tokens is not None and self.own_tokens + rnd.tokens >= self.cfg.max_tokens:
+        if self.cfg.max_tokens is not None and own_tokens + rnd.tokens >= self.cfg.max_tokens:
             return True
         if self.diloco.round_seconds and time.monotonic() - rnd.start >= self.diloco.round_seconds:
             return True
-        return steps >= H and self._stretch_over(rnd)
+        return steps >= H and self._stretch_over()
 
-    def _stretch_over(self, rnd: Round) -> bool:
+    def _stretch_over(self) -> bool:
         """Past H: train on while most of the others are behind in their rounds (`max_stretch`)."""
+        rnd = self.rnd
         if rnd.stretch_until is None:
             rnd.stretch_until = time.monotonic() + catch_up_seconds(
-                self.membership.members(), self.peer_id, self.publisher.published_at, time.time(),
+                self.membership.members(), self.identity.peer_id, self.publisher.published_at, time.time(),
                 fresh_s=FRESH_RECORD_S)
         return time.monotonic() >= rnd.stretch_until
 
-    def _keep_fetching(self, rnd: Round) -> None:
+    def between_steps(self) -> None:
+        """Keep a fetch going, mix what arrived (fetched or pushed), adopt a finished catch-up."""
+        self._keep_fetching()
+        self.rnd.arrived = self.rnd.arrived or self._mix_if_arrived()
+        self._mix_pushed()
+        nbytes = self.checks.adopt_caught_up()
+        if nbytes is not None:
+            self.tally.bytes_in += nbytes
+            self.changed = True
+
+    def _keep_fetching(self) -> None:
         """Start a fetch when none runs and it is time to look for a partner (again)."""
-        now = time.monotonic()
+        rnd, now = self.rnd, time.monotonic()
         if rnd.fetching or now < rnd.next_try or self.checks.catch_up is not None:
             return  # (catching up, every partner's state would be refused as too far: wait for it)
         same_version = now < rnd.fresh_until
@@ -122,17 +174,10 @@ class RoundsMixin:
         if result is None:
             return [], {"partner": None, "fetch_s": None, "bytes_in": 0}
         state, info = self.checks.admit(result)
-        self.bytes_in += info["bytes_in"]
+        self.tally.bytes_in += info["bytes_in"]
         return ([] if state is None else [state]), info
 
-    def _adopt_caught_up(self) -> None:
-        """Between inner steps: adopt what a finished catch-up downloaded, if it has."""
-        nbytes = self.checks.adopt_caught_up()
-        if nbytes is not None:
-            self.bytes_in += nbytes
-            self.weights_changed = True
-
-    def _final_mix(self, rnd: Round) -> None:
+    def final_mix(self) -> dict | None:
         """`final_mix`, the budget spent: fetch one partner's last state and mix it into the anchor and
         the model before the final checkpoint, then serve on while a member still training is
         behind it and may want ours (`_linger`).
@@ -140,26 +185,29 @@ class RoundsMixin:
         For `FINAL_MIX_WAIT_S` (or the round's own wait, if longer) only a partner at this island's
         version or one behind is fetched, and the fetch waits for it to publish this version, as a
         round's start does (discovery may show a partner's last versions a second late); then any
-        partner. A lone island skips it. At most `FINAL_MIX_WAIT_S` plus the fetch timeout."""
+        partner. A lone island skips it. At most `FINAL_MIX_WAIT_S` plus the fetch timeout. Returns
+        the exchange's figures, or None when nothing was mixed."""
+        rnd = self.rnd
         deadline = max(rnd.fresh_until, time.monotonic() + FINAL_MIX_WAIT_S)
-        while not (rnd.fetching or self._stop_asked or time.monotonic() >= deadline or self._alone()):
+        while not (rnd.fetching or self.stopped() or time.monotonic() >= deadline or self._alone()):
             rnd.fetching = self._start_fetch(deadline)
             if not rnd.fetching:
                 time.sleep(RETRY_FINAL_S)
-        if not (rnd.fetching or self._stop_asked or self._alone()):
+        if not (rnd.fetching or self.stopped() or self._alone()):
             rnd.fetching = self._start_fetch()
         end = deadline + self.network.fetch_timeout_s
-        while rnd.fetching and not self._stop_asked and time.monotonic() < end:
+        while rnd.fetching and not self.stopped() and time.monotonic() < end:
             if self.gossip.wait_result(RETRY_FINAL_S):  # (in slices: a stop is not held up by a slow fetch)
                 break
-        info = self._mix_if_arrived(rnd)
+        info = self._mix_if_arrived()
         if info is not None:
-            log.info("%s: final mix with %s at weight %.3f", self.name, info["partner"][:8], info["weight"])
-            self.metrics.write({"final_mix": info})
+            log.info("%s: final mix with %s at weight %.3f", self.identity.name, info["partner"][:8], info["weight"])
         self._linger(deadline)
+        return info
 
     def _others_training(self) -> list:
-        return [r for pid, r in self.membership.members().items() if pid != self.peer_id and r.state == "training"]
+        return [r for pid, r in self.membership.members().items()
+                if pid != self.identity.peer_id and r.state == "training"]
 
     def _alone(self) -> bool:
         return not self._others_training()
@@ -169,14 +217,14 @@ class RoundsMixin:
         behind it, and `LINGER_GRACE_S` after the last one caught up: that member may want this
         state for its own final mix, and discovery shows its catching up a second late."""
         v, behind_seen = self.outer.state.version, None
-        while time.monotonic() < until and not self._stop_asked:
+        while time.monotonic() < until and not self.stopped():
             if any(r.version < v for r in self._others_training()):
                 behind_seen = time.monotonic()
             elif behind_seen is None or time.monotonic() - behind_seen >= LINGER_GRACE_S:
                 return
             time.sleep(RETRY_FINAL_S)
 
-    def _mix_if_arrived(self, rnd: Round) -> dict | None:
+    def _mix_if_arrived(self) -> dict | None:
         """Between inner steps (and for the final mix): mix a partner state the moment its fetch is done.
 
         The anchor and the running weights move together, so the rest of the round trains from the
@@ -188,8 +236,8 @@ class RoundsMixin:
         if info["partner"] is None:
             return None
         if info.get("refused"):  # a refused state costs nothing else: look for another partner this round
-            rnd.refused_from.append(info["partner"])
-            rnd.fetching = False
+            self.rnd.refused_from.append(info["partner"])
+            self.rnd.fetching = False
             return None
         info["weight"] = 0.0
         if partners:
@@ -209,7 +257,7 @@ class RoundsMixin:
             s = self.outer.state
             s.version = max(s.version, min(partner_version + after_step, versions[len(versions) // 2] + after_step))
 
-    def _mix_pushed(self, rnd: Round) -> None:
+    def _mix_pushed(self) -> None:
         """Mix a state an outbound-only member pushed to us (`peers.reach`): between inner steps, or at
         the round's end for one that arrived after the last step."""
         if not self.inbox.has_result:
@@ -222,26 +270,27 @@ class RoundsMixin:
             entry["weight"] = self.outer.mix_arrived(partners[0])
             self._follow_swarm(partners[0].version, entry["weight"])
             if entry["weight"]:
-                self.mixes += 1
-                self.weights_changed = True
-        rnd.pushed_in.append(entry)
+                self.tally.mixes += 1
+                self.changed = True
+        self.rnd.pushed_in.append(entry)
 
     def _count_mix(self, info: dict) -> None:
         if info.get("weight"):
-            self.mixes += 1
-            self.last_partner, self.last_staleness = info["partner"], info.get("staleness")
-            self.weights_changed = True
+            t = self.tally
+            t.mixes += 1
+            t.last_partner, t.last_staleness = info["partner"], info.get("staleness")
+            self.changed = True
 
-    def _end_round(self, rnd: Round) -> None:
-        """Mix what arrived after the last step, take the outer step, evaluate, publish, announce, log."""
-        outer, steps = self.outer, self.outer.round_steps
-        if not self.guard.weights_finite():  # never an outer step from non-finite weights (weights change anyway)
-            self.guard.roll_back("non-finite weights at the round's end")
-        self._mix_pushed(rnd)  # one pushed to us after the last inner step
+    def finish(self) -> tuple[dict, int]:
+        """The round is over: mix what arrived after its last step (pushed or fetched) into the
+        anchor, take the outer step; returns the exchange's figures for the round's row and its
+        inner steps."""
+        rnd, outer, steps = self.rnd, self.outer, self.outer.round_steps
+        self._mix_pushed()  # one pushed to us after the last inner step
         partners, info = self._take_partner()  # a fetch that arrived after the last inner step
         weights = outer.end_round(partners, tokens=rnd.tokens)
         self.inbox.new_round()
-        self.weights_changed = True
+        self.changed = True
         if partners:
             info["weight"], info["staleness"] = weights[0], outer.state.version - 1 - partners[0].version
             info["mixed_after_steps"] = steps
@@ -249,14 +298,8 @@ class RoundsMixin:
             self._follow_swarm(partners[0].version, weights[0], after_step=1)
         elif rnd.arrived is not None:
             info = rnd.arrived
-        self.round += 1
-        self.own_tokens += rnd.tokens
-        if self.round % self.cfg.eval_every == 0:
-            self.eval_loss = self._evaluate()
-        self.publish()
-        self.membership.announce(self.record(self.tokens_per_s(rnd)))
         if rnd.refused_from:
             info["refused_from"] = rnd.refused_from
         if rnd.pushed_in:
             info["pushed_in"] = rnd.pushed_in
-        self._log_round(info, steps, rnd.compute_s)
+        return info, steps
