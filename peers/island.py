@@ -7,17 +7,10 @@
             if island.done:
                 break
 
-`SwarmIsland` owns everything that talks to the swarm (snapshot server, membership, gossip worker,
-partner chooser, metrics, checkpoints) and an outer state (`core.island.OuterLoop`) over the
-model's trainable parameters. The user's loop takes the inner steps; `step()`, called after each
-one, does the rest between two of them, never waiting on the network:
-
-1. keep a fetch of a partner's state going (early in a round only a partner at this island's
-   version or one behind, not one of the last two; the fetch waits for it to publish);
-2. mix a partner's state the moment it has arrived, into anchor and running weights;
-3. when the round is over (H steps, stretched while most others are behind, or `round_seconds`,
-   or a stop), take the outer step with whatever arrived after the last inner step, load the new
-   anchor into the model, publish, announce, log metrics, checkpoint every `checkpoint_every`.
+`SwarmIsland` is the facade over the parts that talk to the swarm (docs/DESIGN.md, 2.5.1). The
+user's loop takes the inner steps; `step()`, called after each one, does the rest between two of
+them (`peers.rounds`: keep a fetch going, mix what arrived, end the round), never waiting on the
+network; a round's end takes the outer step, publishes, announces, logs and checkpoints.
 
 `done` turns True at a `step()` that ended the island's budget (rounds, tokens, seconds) or
 followed `stop()`; under torchrun every rank sees it at the same step (`peers.distributed`).

@@ -112,8 +112,7 @@ class Fetcher:
 
     def __init__(self, endpoint: str, config: NetworkConfig | None = None, peer: str | None = None, *,
                  secret: str | None = None) -> None:
-        """`peer`: fetch that peer's state from a relay at `endpoint` instead of the server's own;
-        `secret`: the swarm secret (`DiscoveryConfig.secret`), for the CURVE handshake."""
+        """`peer`: fetch that peer's state from a relay at `endpoint`; `secret`: the swarm secret."""
         self.endpoint, self.peer = endpoint, peer
         self.config = config or NetworkConfig()
         self._rid = self.wire_bytes = 0

@@ -57,10 +57,9 @@ class SnapshotServer:
     """Serves this island's latest snapshot to any number of fetchers, from a background thread."""
 
     def __init__(self, bind: str = "tcp://127.0.0.1:0", config: NetworkConfig | None = None, *,
-                 secret: str | None = None, announce_host: str | None = None, pushes: PushPolicy | None = None,
-                 relay: bool = False) -> None:
-        """`secret`: the swarm secret (`DiscoveryConfig.secret`): CURVE keys are derived from it, and
-        only its holders can fetch or push."""
+                 secret: str | None = None, announce_host: str | None = None,
+                 pushes: PushPolicy | None = None, relay: bool = False) -> None:
+        """`secret`: the swarm secret (`DiscoveryConfig.secret`); only its holders can fetch or push."""
         self.config = config or NetworkConfig()
         self.secret = secret
         self.relay = relay
@@ -401,4 +400,3 @@ class SnapshotServer:
             self._stats["payload_bytes_sent"] += length
         self._reply(ident, wire.ChunkReply(rid=rid, sid=snap.manifest.sid, offset=off, length=length,
                                            payload=snap.view[off : off + length]))
-
