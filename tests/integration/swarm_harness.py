@@ -64,9 +64,10 @@ class IslandProc:
         return self.log.read_text()[-n:]
 
 
-def run_until_mixed(islands: list[IslandProc], rounds: int, timeout: float) -> list[dict]:
+def run_until_mixed(islands: list[IslandProc], rounds: int, timeout: float, mixes_once_all_in: int = 0) -> list[dict]:
     """Let islands (started with a large --max-rounds) train until each has done `rounds` rounds and
-    mixed a partner's state, then stop them with SIGTERM and return their summaries.
+    mixed a partner's state, and `mixes_once_all_in` mixes after the last of them started its
+    first round; then stop them with SIGTERM and return their summaries.
 
     Islands come up at different moments (each starts its own discovery node), so a fixed round
     count is a race: a fast starter can finish before the others are in the swarm.
@@ -74,6 +75,12 @@ def run_until_mixed(islands: list[IslandProc], rounds: int, timeout: float) -> l
     for isl in islands:
         wait_until(lambda: (len(isl.rounds()) >= rounds and isl.mixed_partners()) or isl.proc.poll() is not None,
                    timeout, f"{isl.name} to do {rounds} rounds and mix with a partner")
+    if mixes_once_all_in:
+        all_in = max(isl.rounds()[0]["time"] for isl in islands)
+        for isl in islands:
+            wait_until(lambda: len([r for r in isl.rounds() if r.get("weight") and r["time"] > all_in])
+                       >= mixes_once_all_in or isl.proc.poll() is not None,
+                       timeout, f"{isl.name} to mix {mixes_once_all_in} times once all islands are in")
     for isl in islands:
         isl.signal(signal.SIGTERM)
     return [isl.summary(60, expect=143) for isl in islands]

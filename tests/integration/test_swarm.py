@@ -178,7 +178,7 @@ def test_islands_that_exchange_public_state_updates_learn_on_a_fraction_of_the_b
     _, entry = start_bootstrap(procs, tmp_path)
     islands = [IslandProc(procs, tmp_path, f"u{k}", entry, "-H", "10", "--max-rounds", "1000", "--exchange", "updates",
                           "--wait-for", "3") for k in range(3)]
-    summaries = run_until_mixed(islands, 10, 150)
+    summaries = run_until_mixed(islands, 10, 150, mixes_once_all_in=12)
     ids = sorted(s["peer_id"] for s in summaries)
     for isl, s in zip(islands, summaries):
         assert s["eval_loss"] < s["initial_loss"] - 1.0, s
