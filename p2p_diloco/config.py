@@ -268,10 +268,6 @@ class NetworkConfig:
     """Most bytes in flight per fetch: bounds a fetcher's memory beyond the state itself."""
     max_upload_mbps: float | None = None
     """Cap on all the snapshot server sends, in Mbit/s (None: no cap)."""
-    latency_ms: float = 0.0
-    """Link emulation: one-way delay added to every message this process sends."""
-    bandwidth_mbps: float | None = None
-    """Link emulation: rate of this process's outgoing link in Mbit/s (None: not emulated)."""
     fetch_timeout_s: float = 10.0
     """A fetch fails with TransportTimeout when the peer sends nothing for this long (a stalled
     partner costs the island's gossip this long, and then only that exchange)."""
@@ -293,9 +289,6 @@ class NetworkConfig:
                  "max_window_bytes", ">= initial_window_bytes", self.max_window_bytes)
         _require(self.max_upload_mbps is None or self.max_upload_mbps > 0, s, "max_upload_mbps", "> 0 or unset",
                  self.max_upload_mbps)
-        _require(0 <= self.latency_ms <= 10_000, s, "latency_ms", "in [0, 10000]", self.latency_ms)
-        _require(self.bandwidth_mbps is None or self.bandwidth_mbps > 0, s, "bandwidth_mbps", "> 0 or unset",
-                 self.bandwidth_mbps)
         _require(0 < self.fetch_timeout_s <= 3600, s, "fetch_timeout_s", "in (0, 3600] seconds", self.fetch_timeout_s)
         _require(isinstance(self.max_state_bytes, int) and self.max_state_bytes > 0, s, "max_state_bytes", "> 0",
                  self.max_state_bytes)

@@ -40,7 +40,9 @@ class DemoConfig:
     max_tokens: int | None = None
     """Train this many tokens per island instead of for `minutes` (the swarm benchmark's equal-token budget)."""
     latency_ms: float = 0.0
+    """Emulated one-way latency of the islands' links (`bench member --latency-ms`)."""
     bandwidth_mbps: float | None = None
+    """Emulated rate of the islands' uplinks (`bench member --bandwidth-mbps`)."""
     compare: bool = False
     local_steps: int = DiLoCoConfig.local_steps
     compression: str = NetworkConfig.compression
@@ -58,6 +60,19 @@ class DemoConfig:
         """The islands' `--data` / `--vocab-size`, when set."""
         return ((("--data", self.data) if self.data else ())
                 + (("--vocab-size", str(self.vocab_size)) if self.vocab_size else ()))
+
+    def island_command(self) -> tuple[str, ...]:
+        """How the islands are started: `join`, or `bench member` with its link emulated."""
+        return tuple(link_command(self.latency_ms, self.bandwidth_mbps))
+
+
+def link_command(latency_ms: float, bandwidth_mbps: float | None) -> list[str]:
+    """`join`, or, for a link to emulate, `bench member` with its `--latency-ms` and `--bandwidth-mbps`
+    (link emulation is a test double: the product's `join` does not take it)."""
+    if not latency_ms and not bandwidth_mbps:
+        return ["join"]
+    return ["bench", "member", "--latency-ms", str(latency_ms),
+            *(["--bandwidth-mbps", str(bandwidth_mbps)] if bandwidth_mbps else [])]
 
 
 def _cli(*args: str) -> list[str]:
@@ -128,7 +143,7 @@ class Swarm:
         raise RuntimeError(f"the bootstrap node did not start; see {self.workdir / 'bootstrap.log'}")
 
     def start_island(self, name: str, args: list[str], command: tuple[str, ...] = ("join",)) -> subprocess.Popen:
-        """An island process: `join` (or `command`, which takes join's options: `bench member`)."""
+        """An island process: `join` (or `command`, which takes join's options: `bench member ...`)."""
         boot = [a for addr in self.bootstrap_addr for a in ("--bootstrap", addr)]
         out = open(self.workdir / f"{name}.json", "w")
         return self._spawn(_cli(*command, *boot, "--run-dir", str(self.workdir / name), "--name", name, "--json",
@@ -183,14 +198,12 @@ def run_swarm(cfg: DemoConfig) -> tuple[Path, list[str], list[dict]]:
     names = [f"island-{i}" for i in range(cfg.islands)]
     limit_args = ["--max-tokens", str(cfg.max_tokens)] if cfg.max_tokens else ["--max-seconds", str(cfg.minutes * 60)]
     args = ["--run-id", cfg.run_id, *limit_args, "-H", str(cfg.local_steps), "--compression", cfg.compression,
-            "--latency-ms", str(cfg.latency_ms), "--eval-every", "5", "--wait-for", str(cfg.islands), *cfg.data_args(), *cfg.extra_args]
-    if cfg.bandwidth_mbps:
-        args += ["--bandwidth-mbps", str(cfg.bandwidth_mbps)]
+            "--eval-every", "5", "--wait-for", str(cfg.islands), *cfg.data_args(), *cfg.extra_args]
     stop_follow = threading.Event()
     with _signals(_exit_on_signal):  # SIGTERM and SIGHUP end the demo as Ctrl+C does: through `finally`
         try:
             swarm.start_bootstrap()
-            islands = [swarm.start_island(n, args) for n in names]
+            islands = [swarm.start_island(n, args, cfg.island_command()) for n in names]
             if cfg.dashboard:
                 _dashboard_until_done(swarm, cfg, islands)
             else:

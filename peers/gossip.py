@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 from p2p_diloco.config import NetworkConfig
+from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.core.codecs import EncodedVector
 from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.core.params import weights_digest
@@ -59,12 +60,14 @@ class FetchResult:
 class GossipWorker:
     def __init__(self, network: NetworkConfig, timeout_s: float, measure=None, push_source=None,
                  relay: str | None = None, copies: PublicCopies | None = None, measure_public=None,
-                 secret: str | None = None) -> None:
+                 secret: str | None = None, link: EmulatedLink | None = None) -> None:
         """`push_source()`: this island's latest (manifest, payload) to push, for an outbound-only
         island (else None); `relay`: the bootstrap's relay endpoint, if it runs one; `copies`: the
         partners' public states held (`exchange="updates"`), and `measure_public(copy)` the
         plausibility distance of one."""
         self.network, self.secret, self.timeout_s, self.measure = network, secret, timeout_s, measure
+        self.link = link
+        """A WAN link to emulate for what this island's fetches send (benchmarks and tests)."""
         self.copies, self.measure_public = copies, measure_public
         self.push_source, self.relay = push_source, relay
         self.pushes = {"sent": 0, "failed": 0, "bytes": 0}
@@ -109,7 +112,7 @@ class GossipWorker:
         via_relay = partner.reach == "outbound"  # nobody can dial it: its state waits at the relay
         handed = False
         try:
-            with Fetcher(self.relay if via_relay else partner.endpoint, self.network, secret=self.secret,
+            with Fetcher(self.relay if via_relay else partner.endpoint, self.network, secret=self.secret, link=self.link,
                          peer=partner.peer_id if via_relay else None) as fetcher:
                 public = self.copies is not None and not via_relay
                 wait = partner.version < min_version and wait_until > started  # the server holds its answer
@@ -154,7 +157,7 @@ class GossipWorker:
         from p2p_diloco.exchange.client import Fetcher
 
         try:
-            with Fetcher(self.relay, self.network, secret=self.secret) as relay:
+            with Fetcher(self.relay, self.network, secret=self.secret, link=self.link) as relay:
                 self._push(relay)
         except TransportError as e:
             log.info("cannot reach the relay %s: %s", self.relay, e)

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, IslandConfig, NetworkConfig
+from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.modes import exchange_mode
 from p2p_diloco.core.params import fingerprint, weights_digest
@@ -63,7 +64,8 @@ class SwarmIsland:
                  diloco: DiLoCoConfig | None = None, network: NetworkConfig | None = None,
                  discovery: DiscoveryConfig | None = None, island: IslandConfig | None = None,
                  eval_fn: Any = None, extra_state: Any = None, tokens_per_step: int = 1,
-                 group: IntraIsland | None = None) -> None:
+                 group: IntraIsland | None = None, link: EmulatedLink | None = None) -> None:
+        """`link`: a WAN link to emulate for what this island sends (`bench member`, demos and tests)."""
         from p2p_diloco.exchange.server import SnapshotServer
 
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
@@ -76,7 +78,7 @@ class SwarmIsland:
         self.inbox = PushInbox()
         discovery = discovery or DiscoveryConfig()
         self.server = SnapshotServer(f"tcp://{discovery.host}:{self.cfg.port}", self.network, secret=discovery.secret,
-                                     announce_host=discovery.announce_host, pushes=self.inbox)
+                                     announce_host=discovery.announce_host, pushes=self.inbox, link=link)
         try:  # who can dial us decides how discovery runs (an outbound-only DHT node is a client)
             self.reach = check_reach(self.cfg, discovery, self.server.endpoint)
             if self.reach.mode == "outbound":
@@ -102,7 +104,7 @@ class SwarmIsland:
         self.gossip = GossipWorker(self.network, secret=discovery.secret, timeout_s=self.network.fetch_timeout_s,
                                    measure=lambda snap: relative_distance(self.outer.state.phi, snap.tensors["phi"]),
                                    push_source=self.server.latest if self.reach.mode == "outbound" else None,
-                                   relay=self.reach.relay, **self.publisher.partner_copies())
+                                   relay=self.reach.relay, link=link, **self.publisher.partner_copies())
         self.chooser = PartnerChooser(self.peer_id, self.diloco.max_staleness, model=self.fingerprint,
                                       relay=self.reach.relay is not None, rng=random.Random(self.peer_id),
                                       ring=self.exchange.ring)

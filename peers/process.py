@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, IslandConfig, ModelConfig, NetworkConfig, TrainConfig
+from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.core.data import BatchSampler, eval_batches, load_corpus
 from p2p_diloco.core.device import resolve_device
 from p2p_diloco.core.inner import evaluate
@@ -72,11 +73,13 @@ class _StopFlag:
 def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig, diloco: DiLoCoConfig,
                network: NetworkConfig, discovery: DiscoveryConfig, data: str | None = None,
                vocab_size: int | None = None, trainer_type: Callable[..., Trainer] = Trainer,
-               on_island: Callable[[SwarmIsland], None] | None = None) -> tuple[int, dict]:
+               on_island: Callable[[SwarmIsland], None] | None = None,
+               link: EmulatedLink | None = None) -> tuple[int, dict]:
     """Run one island until a limit or a signal. Returns (exit code, summary; empty on ranks > 0).
 
     `trainer_type(model, train_cfg)` builds the inner loop and `on_island(island)` sees the island
-    before it starts: the fault injection of benchmarks and tests goes there (`bench.member`)."""
+    before it starts: the fault injection of benchmarks and tests goes there (`bench.member`), as
+    does `link`, a WAN link to emulate."""
     device = resolve_device(train_cfg.device)
     group = IntraIsland.init_from_env(device)
     stop = _StopFlag()
@@ -99,7 +102,7 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
             evals = eval_batches(corpus.val, block, cfg.eval_batches, EVAL_BATCH_SIZE)
             island = SwarmIsland(model, trainer.optimizer, diloco=diloco, network=network, discovery=discovery,
                                  island=cfg, eval_fn=lambda: evaluate(model, evals, train_cfg.precision),
-                                 extra_state=trainer, group=group)
+                                 extra_state=trainer, group=group, link=link)
             seed = int.from_bytes(hashlib.sha256(island.peer_id.encode()).digest()[:4], "little")
             seed = seed if group is None else group.share(seed)
             if on_island is not None:

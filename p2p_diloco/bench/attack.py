@@ -36,15 +36,16 @@ def _run(workdir: Path, honest: int, poison: str | None, tokens: int, latency_ms
     swarm = Swarm(workdir)
     names = [f"honest-{i}" for i in range(honest)]
     size = honest + (poison is not None)
-    args = ["--run-id", "attack", "--max-tokens", str(tokens), "--latency-ms", str(latency_ms),
-            "--bandwidth-mbps", str(bandwidth_mbps), "--eval-every", "5", "--wait-for", str(size), "--quiet"]
+    args = ["--run-id", "attack", "--max-tokens", str(tokens), "--eval-every", "5", "--wait-for", str(size), "--quiet"]
+    member = ("bench", "member", "--latency-ms", str(latency_ms), "--bandwidth-mbps", str(bandwidth_mbps))
     try:
         swarm.start_bootstrap()
-        procs = [swarm.start_island(n, args) for n in names]
+        procs = [swarm.start_island(n, args, member) for n in names]
         if poison is not None:
-            procs.append(swarm.start_island("hostile", [*args, "--poison", poison], command=("bench", "member")))
+            procs.append(swarm.start_island("hostile", [*args, "--poison", poison], member))
         else:  # the same load on the machine: a fourth island that trains alone, in another run
-            procs.append(swarm.start_island("bystander", [*args, "--run-id", "attack-bystander", "--wait-for", "1"]))
+            procs.append(swarm.start_island("bystander", [*args, "--run-id", "attack-bystander", "--wait-for", "1"],
+                                            member))
         for p in procs:
             p.wait()
     finally:

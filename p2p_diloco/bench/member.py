@@ -19,13 +19,14 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import Callable
+from typing import Any
 
 import torch
 
 from p2p_diloco.choices import POISONS
 from p2p_diloco.config import TrainConfig
 from p2p_diloco.core import codecs
+from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.peers.island import SwarmIsland
 from p2p_diloco.peers.publishing import Publisher
 from p2p_diloco.peers.runner import Trainer
@@ -80,9 +81,11 @@ def poison(island: SwarmIsland, kind: str) -> None:
     log.warning("fault injection: %s publishes %s states", island.name, kind)
 
 
-def faults(slowdown: float = 1.0, poison_kind: str | None = None) -> dict[str, Callable]:
-    """`run_island`'s hooks for these faults (none: the island is an honest `join`)."""
-    out: dict[str, Callable] = {}
+def faults(slowdown: float = 1.0, poison_kind: str | None = None, link: EmulatedLink | None = None) -> dict[str, Any]:
+    """`run_island`'s hooks for these faults and this emulated link (none: the island is an honest `join`)."""
+    out: dict[str, Any] = {}
+    if link is not None and link.emulated:
+        out["link"] = link
     if slowdown > 1:
         out["trainer_type"] = functools.partial(SlowTrainer, factor=slowdown)
     if poison_kind is not None:

@@ -27,6 +27,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from p2p_diloco.exchange.linkemu import EmulatedLink
+
 RAW_STREAM_CHUNK, RAW_STREAM_WINDOW = 4 * 1024 * 1024, 4
 
 
@@ -95,8 +97,8 @@ def serve(params: int, compression: str, latency_ms: float, bandwidth_mbps: floa
     meta = {"checksum": float(codecs.roundtrip(phi, compression).double().sum())}
     servers = [SnapshotServer(config=NetworkConfig(), secret=secret)]
     if latency_ms or bandwidth_mbps:
-        servers.append(SnapshotServer(secret=secret, config=NetworkConfig(latency_ms=latency_ms,
-                                                           bandwidth_mbps=bandwidth_mbps)))
+        servers.append(SnapshotServer(secret=secret, config=NetworkConfig(),
+                                      link=EmulatedLink(latency_ms, bandwidth_mbps)))
     for s in servers:  # `codec_of`: any wire codec, `sign` (a public state's update) included
         s.publish({"phi": phi}, version=1, tokens=params, meta=meta, codec_of={"phi": compression})
     _, buf = payload.pack({"phi": phi}, compression, version=1, tokens=params)
@@ -225,8 +227,8 @@ def _checked_fetch(nbytes: int, secret: str | None) -> Callable[[str, Any], Any]
     """A fetch that fails unless it returns exactly what the server published."""
     from p2p_diloco.exchange.client import fetch
 
-    def fetch_checked(endpoint: str, config: Any) -> Any:
-        snap = fetch(endpoint, config, timeout=FETCH_TIMEOUT_S, secret=secret)
+    def fetch_checked(endpoint: str, link: EmulatedLink | None = None) -> Any:
+        snap = fetch(endpoint, timeout=FETCH_TIMEOUT_S, secret=secret, link=link)
         if float(snap.tensors["phi"].double().sum()) != snap.meta["checksum"] or snap.nbytes != nbytes:
             raise RuntimeError("fetched state does not match what the server published")
         return snap
@@ -237,15 +239,13 @@ def _checked_fetch(nbytes: int, secret: str | None) -> Callable[[str, Any], Any]
 def _plain_runs(params: int, eps: dict, compression: str, secret: str | None, repeat: int, raw: str, fetch_checked: Callable,
                 say: Callable[[str], None]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The protocol against bare ZeroMQ, interleaved, best of `repeat` after a warm-up of each."""
-    from p2p_diloco.config import NetworkConfig
-
-    nbytes, cfg = eps["bytes"], NetworkConfig()
+    nbytes = eps["bytes"]
     raw_fetch(eps["raw"], nbytes, raw)  # warm-up: connections, allocator, page cache
-    fetch_checked(eps["plain"], cfg)
+    fetch_checked(eps["plain"])
     raw_s, fetch_s = [], []
     for _ in range(repeat):
         raw_s.append(raw_fetch(eps["raw"], nbytes, raw))
-        fetch_s.append(fetch_checked(eps["plain"], cfg).seconds)
+        fetch_s.append(fetch_checked(eps["plain"]).seconds)
     say(f"bare zmq ({raw}) s: {[round(s, 4) for s in raw_s]}; protocol s: {[round(s, 4) for s in fetch_s]}")
     best, best_raw = min(fetch_s), min(raw_s)
     out = {"params": params, "bytes": nbytes, "fetch_s": best, "bytes_per_s": nbytes / best,
@@ -256,10 +256,8 @@ def _plain_runs(params: int, eps: dict, compression: str, secret: str | None, re
 def _emulated_runs(eps: dict, compression: str, secret: str | None, latency_ms: float, bandwidth_mbps: float | None,
                    repeat: int, fetch_checked: Callable, say: Callable[[str], None]) -> tuple[dict[str, Any], list[float]]:
     """Fetches over the emulated link (the first on a cold link, not counted): the best one's figures."""
-    from p2p_diloco.config import NetworkConfig
-
-    cfg = NetworkConfig(latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps)
-    runs = [fetch_checked(eps["emulated"], cfg) for _ in range(repeat + 1)]
+    link = EmulatedLink(latency_ms, bandwidth_mbps)
+    runs = [fetch_checked(eps["emulated"], link) for _ in range(repeat + 1)]
     rate = bandwidth_mbps * 1e6 / 8 if bandwidth_mbps else None
     for i, s in enumerate(runs):
         util = s.stats.transfer_bytes_per_s / rate if rate else None

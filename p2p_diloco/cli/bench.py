@@ -162,14 +162,25 @@ def bench_attack(kinds, honest, tokens, workdir, as_json) -> None:
                    f"{a['hostile_states_refused']}, mixed {a['hostile_states_mixed']}")
 
 
+RETIRED_FOR_MEMBER = ("--slowdown", "--poison", "--latency-ms", "--bandwidth-mbps")
+"""Options `join` retired to `bench member`, which takes them itself."""
+
+
 @bench.command("member", hidden=True, params=[
-    *(p for p in join.params if p.name not in ("slowdown", "poison")),  # join's, less its retired fault options
+    *(p for p in join.params if p.opts[0] not in RETIRED_FOR_MEMBER),  # join's, less the retired ones it takes
     click.Option(["--slowdown"], type=click.FloatRange(min=1.0), default=1.0, show_default=True,
                  help="Run this many times slower than the machine allows (idle after each inner step)."),
     click.Option(["--poison"], type=click.Choice(POISONS), default=None,
-                 help="Publish poisoned states instead of the island's own: a hostile member.")])
-def bench_member(slowdown, poison, **kw) -> None:
-    """`join` with faults injected (a test double for benchmarks and tests, `bench/member.py`)."""
+                 help="Publish poisoned states instead of the island's own: a hostile member."),
+    click.Option(["--latency-ms"], type=float, default=0.0, show_default=True,
+                 help="Emulated one-way latency of every message this island sends."),
+    click.Option(["--bandwidth-mbps"], type=float, default=None, help="Emulated rate of this island's uplink, Mbit/s.")])
+def bench_member(slowdown, poison, latency_ms, bandwidth_mbps, **kw) -> None:
+    """`join` with faults injected and its link emulated (a test double for benchmarks and tests,
+    `bench/member.py`)."""
     from p2p_diloco.bench.member import faults
+    from p2p_diloco.exchange.linkemu import EmulatedLink
 
-    run_join(kw, **faults(slowdown, poison))
+    with user_errors():
+        link = EmulatedLink(latency_ms, bandwidth_mbps)
+    run_join(kw, **faults(slowdown, poison, link))

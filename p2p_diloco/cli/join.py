@@ -31,7 +31,7 @@ JOIN_GROUPS = {
     "Training": ("local_steps", "outer_lr", "outer_momentum", "momentum", "exchange", "update_codec", "final_mix",
                  "max_tokens", "max_rounds", "max_seconds", "round_seconds", "run_dir", "resume", "eval_every",
                  "checkpoint_every", "offload_outer"),
-    "Network": ("compression", "max_upload_mbps", "fetch_timeout", "latency_ms", "bandwidth_mbps"),
+    "Network": ("compression", "max_upload_mbps", "fetch_timeout"),
     "Output": ("name", "quiet", "as_json", "help"),
 }
 """How `join --help` lists its options."""
@@ -79,6 +79,9 @@ JOIN_GROUPS = {
 @click.option("--json", "as_json", is_flag=True, help="Print the island's summary as JSON at exit.")
 @retired_option("--slowdown", "fault injection lives in `p2p-diloco bench member --slowdown`", figures=False)
 @retired_option("--poison", "fault injection lives in `p2p-diloco bench member --poison`", figures=False)
+@retired_option("--latency-ms", "link emulation lives in `p2p-diloco bench member --latency-ms`", figures=False, type=float)
+@retired_option("--bandwidth-mbps", "link emulation lives in `p2p-diloco bench member --bandwidth-mbps`", figures=False,
+                type=float)
 def join(**kw) -> None:
     """Start an island: find the swarm, train rounds, gossip with partners, checkpoint."""
     run_join(kw)

@@ -210,12 +210,10 @@ def device_options(f: Callable) -> Callable:
 
 
 def network_options(f: Callable) -> Callable:
-    """Options of the state exchange: codec, upload cap, link emulation, swarm secret, timeout."""
+    """Options of the state exchange: codec, upload cap, swarm secret, timeout."""
     f = codec_option(help="Codec of the published state (the receiver always accumulates in fp32).")(f)
     f = click.option("--max-upload-mbps", type=float, default=N.max_upload_mbps,
                      help="Cap on what this island's server sends, Mbit/s.")(f)
-    f = click.option("--latency-ms", type=float, default=N.latency_ms, show_default=True, help="Emulated one-way link latency.")(f)
-    f = click.option("--bandwidth-mbps", type=float, default=N.bandwidth_mbps, help="Emulated link bandwidth, Mbit/s.")(f)
     f = secret_options("Swarm secret; islands without it can neither fetch nor inject state, nor see or join the "
                        "member list.")(f)
     f = click.option("--fetch-timeout", type=float, default=N.fetch_timeout_s, show_default=True,
@@ -292,7 +290,6 @@ def build_configs(kw: dict) -> tuple[ModelConfig, TrainConfig, DiLoCoConfig]:
 def network_config(kw: dict) -> NetworkConfig:
     """A validated `NetworkConfig` from the `network_options` (pops what it uses)."""
     return NetworkConfig(compression=kw.pop("compression"), max_upload_mbps=kw.pop("max_upload_mbps"),
-                         latency_ms=kw.pop("latency_ms"), bandwidth_mbps=kw.pop("bandwidth_mbps"),
                          fetch_timeout_s=kw.pop("fetch_timeout"))
 
 

@@ -35,7 +35,7 @@ from p2p_diloco.errors import (
     VersionGone
 )
 from p2p_diloco.exchange import flowcontrol, payload, wire
-from p2p_diloco.exchange.linkemu import Pacer, link_rate
+from p2p_diloco.exchange.linkemu import EmulatedLink, pacer
 from p2p_diloco.exchange.sockets import HANDSHAKE_FAILED, client_context, swarm_keys
 
 log = logging.getLogger(__name__)
@@ -111,14 +111,15 @@ class Fetcher:
     """A connection to one peer's snapshot server; reuse it to fetch from that peer repeatedly."""
 
     def __init__(self, endpoint: str, config: NetworkConfig | None = None, peer: str | None = None, *,
-                 secret: str | None = None) -> None:
-        """`peer`: fetch that peer's state from a relay at `endpoint`; `secret`: the swarm secret."""
+                 secret: str | None = None, link: EmulatedLink | None = None) -> None:
+        """`peer`: fetch that peer's state from a relay at `endpoint`; `secret`: the swarm secret;
+        `link`: a WAN link to emulate for what this side sends (benchmarks and tests)."""
         self.endpoint, self.peer = endpoint, peer
         self.config = config or NetworkConfig()
         self._rid = self.wire_bytes = 0
         self._up = False
         self._pool: ThreadPoolExecutor | None = None
-        self._pacer = Pacer(self.config.latency_ms, link_rate(self.config.bandwidth_mbps, None))
+        self._pacer = pacer(link)
         sock = client_context().socket(zmq.DEALER)
         self._sock = sock
         try:
@@ -389,9 +390,9 @@ class Fetcher:
 
 
 def fetch(endpoint: str, config: NetworkConfig | None = None, timeout: float | None = None,
-          decode: bool = True, *, secret: str | None = None) -> Snapshot:
+          decode: bool = True, *, secret: str | None = None, link: EmulatedLink | None = None) -> Snapshot:
     """Fetch `endpoint`'s latest snapshot over a fresh connection (see `Fetcher.fetch`)."""
-    with Fetcher(endpoint, config, secret=secret) as f:
+    with Fetcher(endpoint, config, secret=secret, link=link) as f:
         return f.fetch(timeout, decode=decode)
 
 

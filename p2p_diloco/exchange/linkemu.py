@@ -1,7 +1,6 @@
-"""Pacing of outgoing messages: WAN link emulation on loopback, and the real upload cap.
+"""Pacing of outgoing messages: the real upload cap, and WAN link emulation on loopback.
 
-Kernel netem is not always available, so the transport emulates a link itself. Every message a
-process sends goes through one `Pacer`, a model of its uplink in two stages:
+Every message a process sends goes through one `Pacer`, a model of its uplink in two stages:
 
 1. the queue: messages wait for the link, one FIFO per flow (per peer), served round robin so one
    big download cannot starve a peer that only wants a manifest;
@@ -9,10 +8,12 @@ process sends goes through one `Pacer`, a model of its uplink in two stages:
    message deep), and the message arrives `latency_ms` after its last byte left (one-way delay).
 
 A message still in the queue has cost nothing, so `drop(flow)` removes a vanished peer's backlog
-without wasting link time on it. A server's `max_upload_mbps` is the same link with a real
-purpose; when both are set the slower rate wins. With neither, the pacer is inactive and the
-transport sends at once. The pacer only computes times and holds messages; the socket loop that
-owns it sends what `pop_due()` releases.
+without wasting link time on it. In the product the pacer is a server's `max_upload_mbps`. The
+benchmarks and tests also give the server and the fetcher an `EmulatedLink` (kernel netem is not
+always available), which `p2p-diloco bench member`, `demo` and `bench` hand to the islands they
+start; the product's own commands and config never set one. When both are set the slower rate
+wins; with neither, the pacer is inactive and the transport sends at once. The pacer only
+computes times and holds messages; the socket loop that owns it sends what `pop_due()` releases.
 """
 
 from __future__ import annotations
@@ -22,13 +23,42 @@ import itertools
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any
+
+from p2p_diloco.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class EmulatedLink:
+    """A WAN link emulated on loopback for what one process sends (benchmarks and tests only)."""
+
+    latency_ms: float = 0.0
+    """One-way delay added to every message."""
+    bandwidth_mbps: float | None = None
+    """Rate of the outgoing link in Mbit/s (None: not limited)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.latency_ms <= 10_000:
+            raise ConfigError(f"link latency_ms must be in [0, 10000], got {self.latency_ms!r}")
+        if self.bandwidth_mbps is not None and not self.bandwidth_mbps > 0:
+            raise ConfigError(f"link bandwidth_mbps must be > 0 or unset, got {self.bandwidth_mbps!r}")
+
+    @property
+    def emulated(self) -> bool:
+        return self.latency_ms > 0 or self.bandwidth_mbps is not None
 
 
 def link_rate(bandwidth_mbps: float | None, max_upload_mbps: float | None) -> float | None:
     """Bytes per second of the slower of the emulated link and the upload cap (None: unlimited)."""
     rates = [r for r in (bandwidth_mbps, max_upload_mbps) if r is not None]
     return min(rates) * 1e6 / 8 if rates else None
+
+
+def pacer(link: EmulatedLink | None, max_upload_mbps: float | None = None) -> Pacer:
+    """The pacer of a process's uplink: the emulated link's delay and the slower of its rate and the cap."""
+    link = link or EmulatedLink()
+    return Pacer(link.latency_ms, link_rate(link.bandwidth_mbps, max_upload_mbps))
 
 
 class Pacer:

@@ -38,7 +38,7 @@ from p2p_diloco.exchange import payload, wire
 from p2p_diloco.exchange.parked import ParkedHellos
 from p2p_diloco.exchange.payload import Published
 from p2p_diloco.exchange.public_views import PublicView, PublicViews
-from p2p_diloco.exchange.linkemu import Pacer, link_rate
+from p2p_diloco.exchange.linkemu import EmulatedLink, pacer
 from p2p_diloco.exchange.push import NoPushes, PushPolicy, PushReceiver, PushRefused, RelayPolicy
 from p2p_diloco.exchange.sockets import (
     HANDSHAKE_FAILED, ZAP_DOMAIN, AllowClientKey, RateLimitedLog, swarm_keys, tcp_bind_address
@@ -58,8 +58,9 @@ class SnapshotServer:
 
     def __init__(self, bind: str = "tcp://127.0.0.1:0", config: NetworkConfig | None = None, *,
                  secret: str | None = None, announce_host: str | None = None,
-                 pushes: PushPolicy | None = None, relay: bool = False) -> None:
-        """`secret`: the swarm secret (`DiscoveryConfig.secret`); only its holders can fetch or push."""
+                 pushes: PushPolicy | None = None, relay: bool = False, link: EmulatedLink | None = None) -> None:
+        """`secret`: the swarm secret (`DiscoveryConfig.secret`); only its holders can fetch or push.
+        `link`: a WAN link to emulate (benchmarks and tests)."""
         self.config = config or NetworkConfig()
         self.secret = secret
         self.relay = relay
@@ -75,7 +76,7 @@ class SnapshotServer:
         self._latest: Published | None = None
         self._public = PublicViews()
         self._parked = ParkedHellos()  # HELLOs waiting for the version they want (socket thread only)
-        self._pacer = Pacer(self.config.latency_ms, link_rate(self.config.bandwidth_mbps, self.config.max_upload_mbps))
+        self._pacer = pacer(link, self.config.max_upload_mbps)
         self._stats = {"requests": 0, "manifests_served": 0, "chunks_served": 0, "bytes_sent": 0,
                        "payload_bytes_sent": 0, "auth_refused": 0, "rejected": {}}
         self._sent_log: deque[tuple[float, int]] = deque(maxlen=4096)

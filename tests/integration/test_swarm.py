@@ -44,7 +44,8 @@ def test_islands_learn_and_gossip_over_the_dht(procs, tmp_path):
 def test_killed_partner_does_not_stall_the_others(procs, tmp_path):
     """A partner SIGKILLed while it serves (its uplink is slow, so a transfer is always running)."""
     _, entry = start_bootstrap(procs, tmp_path)
-    victim = IslandProc(procs, tmp_path, "victim", entry, "-H", "10", "--bandwidth-mbps", "1", "--compression", "fp32")
+    victim = IslandProc(procs, tmp_path, "victim", entry, "-H", "10", "--bandwidth-mbps", "1", "--compression", "fp32",
+                        command=("bench", "member"))
     others = [IslandProc(procs, tmp_path, f"i{k}", entry, "-H", "10", "--max-rounds", "1000") for k in range(2)]
     victim.wait_rounds(2, 90)
     for o in others:

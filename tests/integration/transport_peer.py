@@ -68,11 +68,11 @@ def emit(**fields) -> None:
 
 def serve(a: argparse.Namespace) -> None:
     from p2p_diloco.config import NetworkConfig
+    from p2p_diloco.exchange.linkemu import EmulatedLink
     from p2p_diloco.exchange.server import SnapshotServer
 
-    cfg = NetworkConfig(compression=a.codec, latency_ms=a.latency_ms, bandwidth_mbps=a.bandwidth_mbps,
-                        retain_snapshots=a.retain)
-    with SnapshotServer(config=cfg, secret=a.secret) as srv:
+    cfg = NetworkConfig(compression=a.codec, retain_snapshots=a.retain)
+    with SnapshotServer(config=cfg, secret=a.secret, link=EmulatedLink(a.latency_ms, a.bandwidth_mbps)) as srv:
         srv.publish(make_state(a.numel, a.version), version=a.version, tokens=a.version * 1000)
         emit(endpoint=srv.endpoint)
         for line in sys.stdin:

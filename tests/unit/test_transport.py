@@ -15,6 +15,7 @@ from p2p_diloco.core import codecs
 from p2p_diloco.errors import AuthRefused, BadPayload, ProtocolMismatch, TransportError, TransportTimeout
 from p2p_diloco.exchange import wire
 from p2p_diloco.exchange.client import Fetcher, fetch, fetch_manifest
+from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.exchange.server import SnapshotServer
 
 
@@ -27,8 +28,8 @@ def _state(seed: int = 0, n: int = 50_000) -> dict[str, torch.Tensor]:
 def server():
     servers = []
 
-    def make(secret=None, **cfg) -> SnapshotServer:
-        s = SnapshotServer(config=NetworkConfig(**{"compression": "fp32", **cfg}), secret=secret)
+    def make(secret=None, link=None, **cfg) -> SnapshotServer:
+        s = SnapshotServer(config=NetworkConfig(**{"compression": "fp32", **cfg}), secret=secret, link=link)
         servers.append(s)
         return s
 
@@ -188,12 +189,14 @@ def test_upload_cap_and_emulated_latency_pace_the_exchange(server):
     srv.publish({"phi": torch.randn(250_000)}, version=1, tokens=0)
     snap = fetch(srv.endpoint, timeout=10)
     assert 0.2 <= snap.seconds < 2.0 and snap.stats.link_bytes_per_s <= 5.5e6 * 1.1
-    slow = server(latency_ms=30)
+    link = EmulatedLink(latency_ms=30)
+    slow = server(link=link)
     slow.publish(_state(), version=1, tokens=0)
     t0 = time.monotonic()
-    fetch_manifest(slow.endpoint, NetworkConfig(latency_ms=30), timeout=10)
+    with Fetcher(slow.endpoint, link=link) as f:
+        f.manifest(10)
     assert 0.06 <= time.monotonic() - t0 < 1.0  # one round trip: 30 ms each way
-    assert 0.06 <= fetch(slow.endpoint, NetworkConfig(latency_ms=30), timeout=10).stats.rtt_s < 0.5
+    assert 0.06 <= fetch(slow.endpoint, timeout=10, link=link).stats.rtt_s < 0.5
 
 
 def test_concurrent_fetchers_all_get_the_whole_state(server):

@@ -110,12 +110,21 @@ def test_estimates_are_remembered_per_endpoint():
 
 @pytest.mark.parametrize("field, value", [
     ("compression", "zip"), ("min_chunk_bytes", 1024), ("max_chunk_bytes", 16 * MiB), ("max_chunk_bytes", 1000),
-    ("initial_window_bytes", 1000), ("max_window_bytes", MiB), ("max_upload_mbps", 0), ("latency_ms", -1),
-    ("bandwidth_mbps", -5), ("fetch_timeout_s", 0), ("retain_snapshots", 0),
+    ("initial_window_bytes", 1000), ("max_window_bytes", MiB), ("max_upload_mbps", 0), ("fetch_timeout_s", 0), ("retain_snapshots", 0),
 ])
 def test_network_config_names_the_bad_field(field, value):
     with pytest.raises(ConfigError, match=f"network.{field}"):
         NetworkConfig(**{field: value})
+
+
+@pytest.mark.parametrize("field, value", [("latency_ms", -1), ("latency_ms", 20_000), ("bandwidth_mbps", -5)])
+def test_an_emulated_link_names_the_bad_field_and_is_no_network_setting(field, value):
+    """Link emulation is a test double (`bench member`): `EmulatedLink`, never a `NetworkConfig` field."""
+    from p2p_diloco.exchange.linkemu import EmulatedLink
+
+    with pytest.raises(ConfigError, match=f"link {field}"):
+        EmulatedLink(**{field: value})
+    assert not hasattr(NetworkConfig(), field)
 
 
 def test_discovery_config_hides_the_secret_and_is_its_one_home():
