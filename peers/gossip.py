@@ -26,13 +26,13 @@ import time
 from dataclasses import dataclass
 
 from p2p_diloco.config import NetworkConfig
-from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.core.codecs import EncodedVector
 from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.core.params import weights_digest
 from p2p_diloco.core.public import PublicCopies, PublicCopy
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.errors import BadPayload, CodecError, TransportError
+from p2p_diloco.exchange.linkemu import EmulatedLink
 
 log = logging.getLogger(__name__)
 

@@ -31,13 +31,13 @@ from typing import Any
 import torch
 
 from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, IslandConfig, NetworkConfig
-from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.modes import exchange_mode
 from p2p_diloco.core.params import fingerprint, weights_digest
 from p2p_diloco.discovery import open_membership
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.errors import CheckpointError
+from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.peers import checkpoint
 from p2p_diloco.peers.checks import PartnerChecks
 from p2p_diloco.peers.distributed import CARRY_ON, NEW_ROUND, STOP, SYNC, IntraIsland
@@ -105,7 +105,7 @@ class SwarmIsland:
                                    measure=lambda snap: relative_distance(self.outer.state.phi, snap.tensors["phi"]),
                                    push_source=self.server.latest if self.reach.mode == "outbound" else None,
                                    relay=self.reach.relay, link=link, **self.publisher.partner_copies())
-        self.chooser = PartnerChooser(self.peer_id, self.diloco.max_staleness, model=self.fingerprint,
+        self.chooser = PartnerChooser(self.peer_id, self.diloco.max_staleness, model=self.identity.model,
                                       relay=self.reach.relay is not None, rng=random.Random(self.peer_id),
                                       ring=self.exchange.ring)
         self.checks = PartnerChecks(self.identity, self.outer, self.chooser, self.publisher, self.source)
@@ -145,14 +145,6 @@ class SwarmIsland:
     @property
     def name(self) -> str:
         return self.identity.name
-
-    @property
-    def fingerprint(self) -> str:
-        return self.identity.model
-
-    @property
-    def run_digest(self) -> str:
-        return self.identity.run
 
     @property
     def bytes_out(self) -> int:
@@ -338,7 +330,7 @@ class SwarmIsland:
         atomically; None (and an error logged, the last good checkpoint kept) when it would hold
         non-finite values."""
         tensors, meta = checkpoint.pack(self.outer, self._parts(), {"round": self.round, "peer_id": self.peer_id,
-                                                                    "model": self.fingerprint, "run": self.run_digest,
+                                                                    "model": self.identity.model, "run": self.identity.run,
                                                                     "own_tokens": self.own_tokens})
         try:
             return checkpoint.save(self.cfg.run_dir / "checkpoints", tensors, meta)
@@ -365,7 +357,7 @@ class SwarmIsland:
                             refused=self.checks.refused,
                             last_refused=self.checks.last_refused,
                             started_at=self.started_at, published_at=self.publisher.published_at,
-                            timestamp=time.time(), model=self.fingerprint, reach=self.reach.mode)
+                            timestamp=time.time(), model=self.identity.model, reach=self.reach.mode)
 
     def wait_for_members(self, count: int, timeout: float) -> bool:
         """Wait until discovery shows `count` islands, this one included (at most `timeout` s, or

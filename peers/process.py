@@ -19,11 +19,11 @@ from typing import Callable
 import torch
 
 from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, IslandConfig, ModelConfig, NetworkConfig, TrainConfig
-from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.core.data import BatchSampler, eval_batches, load_corpus
 from p2p_diloco.core.device import resolve_device
 from p2p_diloco.core.inner import evaluate
 from p2p_diloco.core.model import build_model
+from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.peers.distributed import IntraIsland, RankFollower
 from p2p_diloco.peers.island import SwarmIsland
 from p2p_diloco.peers.runner import Trainer, train

@@ -1,8 +1,7 @@
 """Fetching a peer's snapshot: a DEALER socket, a window sized to the link, checks on every byte.
 
-One exchange: HELLO (which also asks the server to start streaming the first window right away,
-saving a round trip) -> MANIFEST -> CHUNKs, with more GET requests sent as chunks arrive so that
-`window` bytes stay in flight (see `flowcontrol.py`). Chunks arrive in request order on one
+One exchange: HELLO (the server streams the first window at once, saving a round trip) ->
+MANIFEST -> CHUNKs, more GETs sent as chunks arrive so that `window` bytes stay in flight. Chunks arrive in request order on one
 connection; each is checked against the manifest (range, block digests, finite values) and decoded
 straight into the fp32 result (see `payload.py`) while a second thread verifies digests, so memory
 beyond the state is the window plus at most three received chunks awaiting their check.
@@ -68,8 +67,7 @@ class Snapshot:
 
 
 VERIFY_BACKLOG = 2
-"""Chunks beyond the newest that may wait for their digest check: memory beyond the state is the
-window plus at most three received chunks."""
+"""Chunks beyond the newest that may wait for their digest check (memory: the window + 3 chunks)."""
 
 
 @dataclass
@@ -112,8 +110,7 @@ class Fetcher:
 
     def __init__(self, endpoint: str, config: NetworkConfig | None = None, peer: str | None = None, *,
                  secret: str | None = None, link: EmulatedLink | None = None) -> None:
-        """`peer`: fetch that peer's state from a relay at `endpoint`; `secret`: the swarm secret;
-        `link`: a WAN link to emulate for what this side sends (benchmarks and tests)."""
+        """`peer`: that peer's state via a relay at `endpoint`; `link`: an emulated WAN link (benchmarks)."""
         self.endpoint, self.peer = endpoint, peer
         self.config = config or NetworkConfig()
         self._rid = self.wire_bytes = 0

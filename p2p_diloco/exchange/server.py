@@ -1,8 +1,7 @@
 """ZeroMQ sockets for the state exchange: a ROUTER snapshot server and the shared socket plumbing.
 
-Sockets only, nothing about training. `SnapshotServer` serves an island's latest immutable
-snapshot from a ROUTER socket driven by one background thread, so the training loop never waits
-on the network; `publish()` swaps in a new snapshot atomically and keeps the previous ones
+Sockets only. `SnapshotServer` serves an island's latest immutable snapshot from a ROUTER socket
+driven by one background thread, so the training loop never waits on the network; `publish()` swaps in a new snapshot atomically and keeps the previous ones
 (`retain_snapshots`) alive for fetches still reading them. Every request is size-bounded by the
 socket (`MAXMSGSIZE`) before it is parsed; a bad one gets an ERROR reply and a logged reason, and
 the server carries on. Payload chunks are zero-copy slices of the snapshot buffer.
@@ -49,8 +48,7 @@ RCVHWM = 64
 """Requests queued per connection before ZeroMQ stops reading it (TCP back-pressure, nothing
 dropped): with pushes a frame may hold 1 MiB, so this bounds a connection's queue to 64 MiB."""
 BACKLOG_SLACK = 64
-"""Replies held for a connection that stopped reading, beyond the protocol's limit, before more are
-dropped (only a client that ignores `busy` gets there)."""
+"""Replies held beyond the protocol's limit for a connection that stopped reading (one ignoring `busy`)."""
 
 
 class SnapshotServer:
@@ -59,8 +57,7 @@ class SnapshotServer:
     def __init__(self, bind: str = "tcp://127.0.0.1:0", config: NetworkConfig | None = None, *,
                  secret: str | None = None, announce_host: str | None = None,
                  pushes: PushPolicy | None = None, relay: bool = False, link: EmulatedLink | None = None) -> None:
-        """`secret`: the swarm secret (`DiscoveryConfig.secret`); only its holders can fetch or push.
-        `link`: a WAN link to emulate (benchmarks and tests)."""
+        """`secret`: only its holders can fetch or push; `link`: an emulated WAN link (benchmarks)."""
         self.config = config or NetworkConfig()
         self.secret = secret
         self.relay = relay

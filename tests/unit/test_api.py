@@ -176,7 +176,7 @@ def test_an_island_publishes_its_momentum_in_four_bits_and_a_partner_mixes_it_re
         m = island.outer.state.m.clone()
     assert island.diloco.momentum == "rescaled-int4" and m.norm() > 0
     assert {t.name: t.codec for t in snap.manifest.tensors} == {"phi": "int8", "m": "int4"}
-    theirs = partner_state(snap, m.numel(), island.fingerprint, island.run_digest)
+    theirs = partner_state(snap, m.numel(), island.identity.model, island.identity.run)
     assert isinstance(theirs.m, EncodedVector) and torch.equal(theirs.m.float(), codecs.roundtrip(m, "int4"))
     ours = OuterState(phi=theirs.phi.float(), m=-m.clone())  # the opposite direction
     mix(ours, theirs, 0.5, island.diloco, island.outer.momentum)
