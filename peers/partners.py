@@ -40,6 +40,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from p2p_diloco.core.schedule import ring_successor, worth_fetching
 from p2p_diloco.discovery.records import IslandRecord
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ class PartnerChooser:
                     avoid.add(pid)
         others = {pid: r for pid, r in members.items()
                   if pid != self.self_id and pid not in avoid and pid not in self.excluded
-                  and r.state in ("training", "syncing") and r.tokens > 0
+                  and r.state in ("training", "syncing") and worth_fetching(r.tokens)
                   and r.version >= min_version and self._same_model(pid, r)
                   and (r.reach == "direct" or self.relay)
                   and own_version - r.version <= self.max_staleness
@@ -134,10 +135,9 @@ class PartnerChooser:
     def choose(self, members: dict[str, IslandRecord], own_version: int, min_version: int = 0,
                skip_recent: bool = False) -> IslandRecord | None:
         if self.ring:  # the successor, whatever version it is at now (the fetch may wait for the one asked)
-            ids = sorted(self.candidates(members, own_version))
-            if not ids:
+            pick = ring_successor(self.candidates(members, own_version), self.self_id)
+            if pick is None:
                 return None
-            pick = next((i for i in ids if i > self.self_id), ids[0])
             self.recent.append(pick)
             return members[pick]
         weights = self.candidates(members, own_version, min_version, skip_recent)

@@ -10,10 +10,10 @@ not slept, so a run depends only on the seed.
 
 Partners: one shift per round index, `j = i + shift (mod K)`, drawn from the round number, so
 while the islands are in step each round's choice is a permutation (every island serves one
-fetch), as partner choice spreads the load in the real swarm; with updates (`Exchange.ring`) always
-the next island, as the swarm's ring of peer ids; an offline partner is replaced by a random
-online one. As in the swarm (`peers.partners`), a partner that has trained nothing yet (the
-initial weights everyone starts from) is not fetched: the first round mixes nothing.
+fetch), as partner choice spreads the load in the real swarm (an offline partner is replaced by a
+random online one); with updates (`Exchange.ring`) the next online island, the swarm's own
+`core.schedule.ring_successor`. As in the swarm, a partner that has trained nothing yet is not
+fetched (`core.schedule.worth_fetching`): the first round mixes nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from p2p_diloco.core.modes import exchange_mode
 from p2p_diloco.core.outer import PartnerState
+from p2p_diloco.core.schedule import ring_successor, worth_fetching
 
 if TYPE_CHECKING:
     from p2p_diloco.sim.simulator import MethodResult, Simulation
@@ -57,11 +58,9 @@ class GossipRun:
         """Island i's partner for its next round (`final`: for the final mix, when every island is
         done and still serves its last state)."""
         K, r = self.sim.islands, self.rounds[i]
-        if self.exchange.ring:  # always the next island: a receiver is never more than one update behind
-            shift = 1
-        else:
-            shift = 1 + random.Random(self.sim.seed * PARTNER_SEED_STRIDE + r).randrange(K - 1)
-        j = (i + shift) % K
+        if self.exchange.ring:
+            return ring_successor([o for o in range(K) if final or self._online(o, t)], i)
+        j = (i + 1 + random.Random(self.sim.seed * PARTNER_SEED_STRIDE + r).randrange(K - 1)) % K
         if final or self._online(j, t):
             return j
         others = [o for o in range(K) if o != i and self._online(o, t)]
@@ -81,7 +80,7 @@ class GossipRun:
         steps = max(1, min(self.dl.local_steps, math.floor(self.round_seconds / dt + 1e-9), remaining // step_tokens))
         self.committed += steps * step_tokens
         p = {"steps": steps, "busy": steps * dt, "end": t + steps * dt, "partner": None, "arrives_after": steps}
-        if sim.mix_delay == 1 and (j := self._choose(i, t)) is not None and self.published[j].tokens > 0:
+        if sim.mix_delay == 1 and (j := self._choose(i, t)) is not None and worth_fetching(self.published[j].tokens):
             p["partner"], fetch_s = self._fetch_counted(i, j)
             self.idle[i] += max(0.0, fetch_s - p["busy"])
             p["end"] = t + max(p["busy"], fetch_s)
@@ -142,7 +141,7 @@ class GossipRun:
         and mixes it (all from the states as they were published); returns the longest fetch's time."""
         longest = 0.0
         for i, isl in enumerate(self.islands):
-            if (j := self._choose(i, math.inf, final=True)) is None or self.published[j].tokens == 0:
+            if (j := self._choose(i, math.inf, final=True)) is None or not worth_fetching(self.published[j].tokens):
                 continue
             partner, fetch_s = self._fetch_counted(i, j)
             self.idle[i] += fetch_s

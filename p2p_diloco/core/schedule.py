@@ -1,0 +1,28 @@
+"""Decisions the swarm's islands and the simulator make alike, written once.
+
+The island drives them by its clock and sockets (`peers.partners`, `peers.rounds`), the simulator
+by its virtual clock (`sim.gossip`). The mixing itself (when an arrived state is mixed, the mix's
+arithmetic, the outer step, the final mix) is `core.island.OuterLoop`'s, which both drive.
+docs/DESIGN.md, section 2.5.2, lists what the two still decide differently, and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TypeVar
+
+Id = TypeVar("Id", int, str)
+
+
+def worth_fetching(tokens: int) -> bool:
+    """A partner that has trained nothing holds the initial weights every island starts from:
+    fetching it would mix nothing in (the first round of a run mixes nothing)."""
+    return tokens > 0
+
+
+def ring_successor(ids: Iterable[Id], own: Id) -> Id | None:
+    """The partner of `own` on the ring (`Exchange.ring`, with updates): the next of the candidate
+    `ids` after `own` in sorted order, wrapping around; None when there is no other. A receiver of
+    updates then stays at most one update behind its one sender."""
+    others = sorted(i for i in ids if i != own)
+    return next((i for i in others if i > own), others[0]) if others else None
