@@ -10,7 +10,8 @@ both mix with, or through the bootstrap's relay when it runs one (`bootstrap --r
 
 `PushInbox` is the receiving side inside a reachable island: it admits a push only from a member
 that is outbound-only, of this model and run, and only while it has room (one pushed state per
-round, so a crowd of NATed islands cannot flood a reachable one), measures the arrived state's
+round, so a crowd of NATed islands cannot flood a reachable one; the member it took last waits
+while another one it turned away is waiting, so a faster pusher cannot starve the others), measures the arrived state's
 distance on a thread of its own, and hands it to the round as a fetched state is handed over: the
 same checks, the same weights.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -28,6 +30,8 @@ from p2p_diloco.peers.gossip import FetchResult
 from p2p_diloco.peers.identity import Identity
 
 log = logging.getLogger(__name__)
+TURN_WAIT_S = 5.0
+"""A member turned away as busy keeps its turn this long (it pushes again each of its rounds)."""
 DIALBACK_TIMEOUT_S = 5.0
 """How long the check waits for the bootstrap node's answer (its own dial gives up after 3 s)."""
 
@@ -85,6 +89,9 @@ class PushInbox:
         self._result: FetchResult | None = None
         self._arriving = False
         self._taken_this_round = False
+        self._last_taken: str | None = None
+        self._waiting: dict[str, float] = {}
+        """Members turned away as busy since their last push was taken, and when (their turn comes first)."""
 
     @property
     def has_result(self) -> bool:
@@ -112,9 +119,19 @@ class PushInbox:
                 return "refused", f"a state of another {'model' if key == 'model' else 'run'}"
         with self._lock:
             if self._result is not None or self._arriving or self._taken_this_round:
+                self._waiting[peer] = time.monotonic()
                 return "busy", "this island already took a pushed state this round; push to another partner"
+            if peer == self._last_taken and self._another_waits(peer):
+                return "busy", "this island took this member's state last; another member's turn"
             self._arriving = True
+            self._waiting.pop(peer, None)
         return None
+
+    def _another_waits(self, peer: str) -> bool:
+        """Whether a member other than `peer` was turned away in the last `TURN_WAIT_S` (lock held)."""
+        now = time.monotonic()
+        self._waiting = {w: t for w, t in self._waiting.items() if now - t < TURN_WAIT_S}
+        return any(w != peer for w in self._waiting)
 
     def dropped(self, manifest) -> None:
         """An admitted push failed on its way: room for another."""
@@ -142,5 +159,5 @@ class PushInbox:
         with self._lock:
             result, self._result = self._result, None
             if result is not None:
-                self._taken_this_round = True
+                self._taken_this_round, self._last_taken = True, result.peer_id
             return result

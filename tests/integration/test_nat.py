@@ -121,8 +121,12 @@ def _bootstrap(procs, tmp_path, nat, *extra: str, discovery: str = "dht") -> lis
 
 def _island(procs, tmp_path, name: str, entry: list[str], prefix: list[str], host: str, discovery: str,
             swarm: int) -> IslandProc:
-    """An island on `host`; it starts training once it sees all `swarm` islands (so none runs far ahead alone)."""
-    return IslandProc(procs, tmp_path, name, entry, "-H", "8", "--max-rounds", "1000", "--host", host,
+    """An island on `host`; it starts training once it sees all `swarm` islands (so none runs far ahead alone).
+
+    Rounds of 32 steps (about 0.3 s here): islands see each other up to a second or two apart, and
+    one that starts that many rounds of 8 steps earlier stays more than `max_staleness` versions ahead,
+    where it never fetches from the others (and so, outbound-only, never pushes to them)."""
+    return IslandProc(procs, tmp_path, name, entry, "-H", "32", "--max-rounds", "1000", "--host", host,
                       "--wait-for", str(swarm), discovery=discovery, launcher=[*prefix, sys.executable])
 
 

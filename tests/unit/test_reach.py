@@ -65,3 +65,31 @@ def test_one_pushed_state_per_round_then_busy_and_a_failed_push_frees_the_room()
 
 def test_nothing_is_taken_before_the_island_has_started():
     assert PushInbox().admit(_manifest()[0])[0] == "busy"
+
+
+def _push_and_take(inbox, peer):
+    manifest, buf = _manifest(peer)
+    assert inbox.admit(manifest) is None
+    asm = payload.Assembler(manifest, keep_encoded=True)
+    asm.accept(0, memoryview(buf.numpy()))
+    inbox.stored(Pushed(manifest=manifest, tensors=asm.result(), raw=asm.raw, address="10.0.0.9", seconds=0.1))
+    deadline = time.monotonic() + 5
+    while not inbox.has_result:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert inbox.take().peer_id == peer
+    inbox.new_round()
+
+
+def test_a_faster_pusher_cannot_starve_another():
+    """The member taken last waits while another one turned away waits too; alone, it is taken again."""
+    inbox = _inbox(fast="outbound", slow="outbound")
+    _push_and_take(inbox, "fast")
+    _push_and_take(inbox, "fast")  # nobody else asked: the same member again
+    manifest, _ = _manifest("fast")
+    assert inbox.admit(manifest) is None  # on its way, so the slow one is turned away...
+    assert inbox.admit(_manifest("slow")[0])[0] == "busy"
+    inbox.dropped(manifest)
+    assert inbox.admit(manifest) == ("busy", "this island took this member's state last; another member's turn")
+    _push_and_take(inbox, "slow")  # ... and its turn comes next
+    _push_and_take(inbox, "fast")
