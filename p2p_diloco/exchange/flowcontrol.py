@@ -10,7 +10,10 @@ that arrive back to back arrive at the bottleneck's rate). Then
     chunk  = clamp(bandwidth * CHUNK_SECONDS, min_chunk, max_chunk)   (a multiple of the block)
 
 so a fast local link gets few large chunks (little per-message overhead) and a slow link small
-ones (fine-grained progress), and the window holds at least three chunks for pipelining. Estimates
+ones (fine-grained progress), and the window holds at least three chunks for pipelining. A link
+not measured yet gets the smallest chunks: a fetch's timeout counts silence between chunks, and a
+chunk sized for a fast link could take longer than that on a slow one (1 MiB at 0.5 Mbit/s: 17 s);
+after a few arrivals the chunks grow to the measured rate. Estimates
 are remembered per endpoint, so the next fetch from the same partner starts with the right window.
 """
 
@@ -102,7 +105,7 @@ class WindowController:
     def chunk_bytes(self, block: int) -> int:
         """Chunk length to request: a multiple of `block` within the configured bounds."""
         bw = self.bandwidth
-        want = bw * CHUNK_SECONDS if bw > 0 else 1024 * 1024
+        want = bw * CHUNK_SECONDS if bw > 0 else 0  # not measured yet: the smallest
         lo = max(block, self.min_chunk - self.min_chunk % block)
         hi = max(lo, self.max_chunk - self.max_chunk % block)
         c = 1 << max(0, int(want).bit_length() - 1)  # a power of two, like the block

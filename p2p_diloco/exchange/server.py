@@ -1,8 +1,8 @@
 """ZeroMQ sockets for the state exchange: a ROUTER snapshot server and the shared socket plumbing.
 
 Sockets only. `SnapshotServer` serves an island's latest immutable snapshot from a ROUTER socket
-driven by one background thread, so the training loop never waits on the network; `publish()` swaps in a new snapshot atomically and keeps the previous ones
-(`retain_snapshots`) alive for fetches still reading them. Every request is size-bounded by the
+driven by one background thread, so the training loop never waits on the network; `publish()`
+swaps in a new snapshot atomically, and older ones stay while a fetch still reads them (`shelf.py`). Every request is size-bounded by the
 socket (`MAXMSGSIZE`) before it is parsed; a bad one gets an ERROR reply and a logged reason, and
 the server carries on. Payload chunks are zero-copy slices of the snapshot buffer.
 
@@ -39,6 +39,7 @@ from p2p_diloco.exchange.payload import Published
 from p2p_diloco.exchange.public_views import PublicView, PublicViews
 from p2p_diloco.exchange.linkemu import EmulatedLink, pacer
 from p2p_diloco.exchange.push import NoPushes, PushPolicy, PushReceiver, PushRefused, RelayPolicy
+from p2p_diloco.exchange.shelf import Shelf
 from p2p_diloco.exchange.sockets import (
     HANDSHAKE_FAILED, ZAP_DOMAIN, AllowClientKey, RateLimitedLog, swarm_keys, tcp_bind_address
 )
@@ -69,8 +70,7 @@ class SnapshotServer:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._reject = RateLimitedLog(log)
-        self._snapshots: dict[int, Published] = {}  # sid -> snapshot, oldest first
-        self._latest: Published | None = None
+        self._shelf = Shelf(self.config.retain_snapshots, hold_s=self.config.fetch_timeout_s)
         self._public = PublicViews()
         self._parked = ParkedHellos()  # HELLOs waiting for the version they want (socket thread only)
         self._pacer = pacer(link, self.config.max_upload_mbps)
@@ -113,23 +113,13 @@ class SnapshotServer:
         """Snapshot `tensors` (copied, encoded with the configured codec, or `codec_of[name]`) and serve
         it from now on.
 
-        When `retain_snapshots` are served already, the oldest is dropped first, so a publish never
-        holds one more snapshot than that (fetches still reading it get `gone` either way).
+        The newest `retain_snapshots` stay served, and older ones while a fetch still reads them
+        (`shelf.Shelf`): a transfer that spans rounds on a slow link completes.
         """
-        with self._lock:
-            if len(self._snapshots) >= self.config.retain_snapshots:
-                snaps = dict(self._snapshots)
-                snaps.pop(next(iter(snaps)))
-                self._snapshots = snaps
+        self._shelf.drop_oldest()
         manifest, buf = payload.pack(tensors, self.config.compression, version=version, tokens=tokens, meta=meta,
                                      codec_of=codec_of)
-        snap = Published.of(manifest, buf)
-        with self._lock:
-            snaps = dict(self._snapshots)
-            snaps[manifest.sid] = snap
-            while len(snaps) > self.config.retain_snapshots:
-                snaps.pop(next(iter(snaps)))
-            self._snapshots, self._latest = snaps, snap
+        self._shelf.put(Published.of(manifest, buf))
         log.debug("published version %d (%d bytes, %d blocks)", version, manifest.total, manifest.n_blocks)
         return manifest
 
@@ -145,6 +135,7 @@ class SnapshotServer:
             recent = sum(n for t, n in self._sent_log if now - t <= 2.0)
         out["upload_bytes_per_s"] = recent / 2.0
         out["version"] = self._latest.manifest.version if self._latest else None
+        out["snapshots_held"] = len(self._shelf.held())
         out["hellos_waiting"] = len(self._parked)
         out.update(self._push.stats)
         return out
@@ -153,6 +144,10 @@ class SnapshotServer:
         """The snapshot served now and its payload bytes (what this island pushes to a partner), or None."""
         snap = self._latest
         return None if snap is None else (snap.manifest, snap.view)
+
+    @property
+    def _latest(self) -> Published | None:
+        return self._shelf.latest
 
     @property
     def _relayed(self) -> dict[str, Published]:  # a relay's latest pushed snapshot of each peer, by peer id
@@ -378,7 +373,7 @@ class SnapshotServer:
             self._chunk(ident, snap, req.rid, off, length)
 
     def _get(self, ident: bytes, req: wire.GetChunk, peer: str) -> None:
-        snap = self._snapshots.get(req.sid) or self._public.by_sid(req.sid) or next(
+        snap = self._shelf.get(req.sid) or self._public.by_sid(req.sid) or next(
             (r for r in self._relayed.values() if r.manifest.sid == req.sid), None)
         if snap is None:
             latest = self._latest

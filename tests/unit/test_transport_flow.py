@@ -80,7 +80,7 @@ def _controller(**kw):
 def test_window_starts_at_the_initial_value_then_follows_twice_the_bdp():
     c = _controller()
     block = 64 * 1024
-    assert c.window_bytes(block) == 8 * MiB and c.chunk_bytes(block) == MiB
+    assert c.window_bytes(block) == 8 * MiB and c.chunk_bytes(block) == block  # not measured: the smallest chunk
     c.on_rtt(0.2)
     t = 0.0
     for _ in range(20):  # 1 MiB chunks arriving back to back at 125 MB/s
@@ -132,3 +132,34 @@ def test_discovery_config_hides_the_secret_and_is_its_one_home():
 
     assert "hunter2" not in repr(DiscoveryConfig(secret="hunter2"))
     assert not hasattr(NetworkConfig(), "secret")
+
+
+def _published(version: int):
+    import torch
+
+    from p2p_diloco.exchange import payload
+
+    return payload.Published.of(*payload.pack({"phi": torch.full((64,), float(version))}, "fp32",
+                                               version=version, tokens=version))
+
+
+def test_the_shelf_keeps_the_newest_and_what_a_fetch_still_reads_within_bounds():
+    from p2p_diloco.exchange.shelf import Shelf
+
+    shelf = Shelf(retain=1, hold_s=10.0, extra=2)
+    snaps = [_published(v) for v in range(5)]
+    shelf.put(snaps[0], now=0.0)
+    assert shelf.get(snaps[0].manifest.sid, now=1.0) is snaps[0]  # a fetch reads version 0
+    shelf.drop_oldest(now=2.0)  # before packing version 1: version 0 is being read, so it stays
+    shelf.put(snaps[1], now=2.0)
+    assert shelf.held() == [snaps[0].manifest.sid, snaps[1].manifest.sid] and shelf.latest is snaps[1]
+    shelf.get(snaps[1].manifest.sid, now=3.0)
+    shelf.put(snaps[2], now=4.0)
+    shelf.get(snaps[2].manifest.sid, now=5.0)
+    shelf.put(snaps[3], now=6.0)  # three older ones are read: the two read last stay (extra=2)
+    assert shelf.held() == [s.manifest.sid for s in snaps[1:4]]
+    assert shelf.get(snaps[0].manifest.sid, now=6.0) is None  # its reader gets `gone`
+    shelf.put(snaps[4], now=14.0)  # version 1's reader is silent for 11 s (> hold_s): it failed
+    assert shelf.held() == [snaps[2].manifest.sid, snaps[4].manifest.sid]
+    shelf.put(_published(5), now=30.0)  # nobody reads: only the newest
+    assert len(shelf.held()) == 1
