@@ -77,6 +77,8 @@ class GossipWorker:
         self._result: FetchResult | None = None
         self._finished = threading.Event()
         """Set while a finished fetch waits to be taken (`wait_result`)."""
+        self._running: tuple[float, object] | None = None
+        """The running fetch's start (monotonic) and its `Fetcher`, for `progress()`."""
         self._closed = False
 
     @property
@@ -114,6 +116,7 @@ class GossipWorker:
         try:
             with Fetcher(self.relay if via_relay else partner.endpoint, self.network, secret=self.secret, link=self.link,
                          peer=partner.peer_id if via_relay else None) as fetcher:
+                self._running = (started, fetcher)
                 public = self.copies is not None and not via_relay
                 wait = partner.version < min_version and wait_until > started  # the server holds its answer
                 snap = fetcher.fetch(self.timeout_s, decode=False,  # decoded slice by slice as it is mixed
@@ -121,6 +124,7 @@ class GossipWorker:
                                      want=min_version if wait else None, wait_s=wait_until - started)
                 copy = self._hold_public(partner.peer_id, snap) if public else None
                 distance = self.measured(snap) if copy is None else self._measured_public(copy)
+                self._running = None
                 with self._lock:  # handed over at once: mixing need not wait for our push
                     self._result = FetchResult(partner.peer_id, snap, None, snap.seconds, snap.wire_bytes,
                                                waited_s=time.monotonic() - started - snap.seconds,
@@ -131,10 +135,12 @@ class GossipWorker:
                     self._push(fetcher)
             return
         except TransportError as e:
+            self._running = None
             log.info("exchange with %s at %s failed: %s", partner.peer_id[:8], partner.endpoint, e)
             result = FetchResult(partner.peer_id, None, f"{type(e).__name__}: {e}", time.monotonic() - started, 0,
                                  bad_state=isinstance(e, BadPayload))
         except Exception as e:  # a bug must not kill the island; it costs this exchange and is logged loudly
+            self._running = None
             log.exception("fetch from %s crashed", partner.peer_id[:8])
             if handed:
                 return
@@ -142,6 +148,11 @@ class GossipWorker:
         with self._lock:
             self._result = result
             self._finished.set()
+
+    def progress(self) -> tuple[float, int] | None:
+        """The running fetch's seconds so far and the bytes it received (None when none runs)."""
+        running = self._running
+        return None if running is None else (time.monotonic() - running[0], running[1].wire_bytes)
 
     def push_to_relay(self) -> None:
         """An outbound-only island with a relay: deliver the state just published there, in the

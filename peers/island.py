@@ -39,6 +39,7 @@ from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.errors import CheckpointError
 from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.peers import checkpoint
+from p2p_diloco.peers.alone import AloneWatch
 from p2p_diloco.peers.checks import PartnerChecks
 from p2p_diloco.peers.distributed import CARRY_ON, NEW_ROUND, STOP, SYNC, IntraIsland
 from p2p_diloco.peers.divergence import DivergenceGuard
@@ -109,11 +110,11 @@ class SwarmIsland:
                                       relay=self.reach.relay is not None, rng=random.Random(self.peer_id),
                                       ring=self.exchange.ring)
         self.checks = PartnerChecks(self.identity, self.outer, self.chooser, self.publisher, self.source)
-        self.tally = Tally()
+        self.tally, self.alone = Tally(), AloneWatch(self.identity.name)
         self.rounds = Rounds(identity=self.identity, outer=self.outer, diloco=self.diloco, island=self.cfg,
                              network=self.network, membership=self.membership, gossip=self.gossip,
                              chooser=self.chooser, checks=self.checks, inbox=self.inbox, publisher=self.publisher,
-                             tally=self.tally, stopped=lambda: self._stop_asked)
+                             tally=self.tally, alone=self.alone, stopped=lambda: self._stop_asked)
         self.metrics = MetricsLog(self.cfg.run_dir)
         (self.cfg.run_dir / "island.json").write_text(json.dumps({"peer_id": self.peer_id, "name": self.name,
                                                                   "endpoint": self.server.endpoint}))
@@ -156,7 +157,8 @@ class SwarmIsland:
         t = self.tally
         return {"peer_id": self.peer_id, "name": self.name, "version": self.version, "round": self.round,
                 "tokens": self.own_tokens, "partner": t.last_partner, "staleness": t.last_staleness,
-                "mixes": t.mixes, "refused": self.checks.refused, "bytes_in": t.bytes_in, "bytes_out": self.bytes_out,
+                "mixes": t.mixes, "refused": self.checks.refused, "failed_fetches": t.failed, "too_stale": t.too_stale,
+                "alone": self.alone.reason, "bytes_in": t.bytes_in, "bytes_out": self.bytes_out,
                 "loss": self.last_loss, "eval_loss": self.eval_loss, "state": self.state, "reach": self.reach.mode}
 
     @property
@@ -315,7 +317,8 @@ class SwarmIsland:
         return {"peer_id": self.peer_id, "name": self.name, "initial_loss": self.initial_loss,
                 "eval_loss": self.eval_loss, "version": self.version, "tokens": self.own_tokens,
                 "rounds": self.round, "mixes": self.tally.mixes, "refused": self.checks.refused,
-                "utilization": self.utilization(),
+                "failed_fetches": self.tally.failed, "too_stale": self.tally.too_stale,
+                "alone": self.alone.reason, "alone_episodes": self.alone.episodes, "utilization": self.utilization(),
                 "bytes_in": self.tally.bytes_in, "bytes_out": self.bytes_out, "reach": self.reach.mode,
                 "pushes_sent": self.gossip.pushes["sent"], "pushes_failed": self.gossip.pushes["failed"],
                 "pushes_taken": self.server.stats()["pushes_stored"]}
@@ -355,7 +358,7 @@ class SwarmIsland:
                             state=self.state, upload_bps=up, download_bps=down, bytes_sent=sent,
                             bytes_received=self.tally.bytes_in, last_partner=self.tally.last_partner,
                             refused=self.checks.refused,
-                            last_refused=self.checks.last_refused,
+                            last_refused=self.checks.last_refused, alone=self.alone.reason or "",
                             started_at=self.started_at, published_at=self.publisher.published_at,
                             timestamp=time.time(), model=self.identity.model, reach=self.reach.mode)
 

@@ -154,6 +154,11 @@ class PartnerChooser:
         h.rate_bps = rate if h.rate_bps is None else (1 - RATE_SMOOTHING) * h.rate_bps + RATE_SMOOTHING * rate
         h.failures, h.retry_after = 0, 0.0
 
+    def measured_rate(self) -> float | None:
+        """The median download rate measured from partners, bytes per second (None: none yet)."""
+        rates = [h.rate_bps for h in self.history.values() if h.rate_bps]
+        return statistics.median(rates) if rates else None
+
     def exclude(self, peer_id: str) -> bool:
         """Never choose `peer_id` again; True the first time (so the caller logs it once)."""
         new = peer_id not in self.excluded

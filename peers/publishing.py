@@ -37,6 +37,8 @@ class Publisher:
         self.server, self.outer, self.exchange, self.identity = server, outer, exchange, identity
         self.published_at = 0.0
         """Unix time of the last publish (the phase of the island's rounds, for pacing)."""
+        self.state_bytes = 0
+        """Bytes of the whole state last published (what a partner's fetch of it moves)."""
         self._staging: dict[str, torch.Tensor] = {}
         self.public: PublicState | None = None
         """This island's public state (`exchange="updates"`), from its first publish on."""
@@ -58,8 +60,9 @@ class Publisher:
         s = self.outer.state
         host = {name: self._on_host(name, x) for name, x in self.tensors().items()}
         momentum = self.outer.momentum
-        self.server.publish(host, s.version, s.tokens, meta=self.identity.meta(),
-                            codec_of={"m": momentum.codec} if momentum.travels else None)
+        manifest = self.server.publish(host, s.version, s.tokens, meta=self.identity.meta(),
+                                       codec_of={"m": momentum.codec} if momentum.travels else None)
+        self.state_bytes = manifest.total
         if self.exchange.updates:
             self._advance_public(host["phi"])
         self.published_at = time.time()

@@ -20,6 +20,7 @@ from p2p_diloco.config import DiLoCoConfig, IslandConfig, NetworkConfig
 from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.discovery.membership import Membership
+from p2p_diloco.peers.alone import AloneWatch, Link
 from p2p_diloco.peers.checks import PartnerChecks
 from p2p_diloco.peers.gossip import FetchResult, GossipWorker
 from p2p_diloco.peers.identity import Identity
@@ -86,6 +87,10 @@ class Tally:
     """Bytes this island received: fetches, joins, catch-ups (pushes to it are the pushers')."""
     last_partner: str | None = None
     last_staleness: int | None = None
+    failed: int = 0
+    """Fetches that failed on the way (timeouts, lost connections; not refusals)."""
+    too_stale: int = 0
+    """Partner states that arrived too stale to weigh anything (more than `max_staleness` behind)."""
 
 
 class Rounds:
@@ -93,11 +98,11 @@ class Rounds:
 
     def __init__(self, *, identity: Identity, outer: OuterLoop, diloco: DiLoCoConfig, island: IslandConfig,
                  network: NetworkConfig, membership: Membership, gossip: GossipWorker, chooser: PartnerChooser,
-                 checks: PartnerChecks, inbox: PushInbox, publisher: Publisher, tally: Tally,
+                 checks: PartnerChecks, inbox: PushInbox, publisher: Publisher, tally: Tally, alone: AloneWatch,
                  stopped: Callable[[], bool]) -> None:
         self.identity, self.outer, self.diloco, self.cfg, self.network = identity, outer, diloco, island, network
         self.membership, self.gossip, self.chooser, self.checks = membership, gossip, chooser, checks
-        self.inbox, self.publisher, self.tally, self.stopped = inbox, publisher, tally, stopped
+        self.inbox, self.publisher, self.tally, self.alone, self.stopped = inbox, publisher, tally, alone, stopped
         self.rnd = Round.begin(island.same_version_wait, 0.0)
         self.changed = False
         """The weights changed outside an inner step (a mix, a catch-up): torchrun ranks must sync."""
@@ -175,6 +180,9 @@ class Rounds:
             return [], {"partner": None, "fetch_s": None, "bytes_in": 0}
         state, info = self.checks.admit(result)
         self.tally.bytes_in += info["bytes_in"]
+        if "fetch_error" in info and "refused" not in info:
+            self.tally.failed += 1
+            self.alone.fetch_failed(info["fetch_error"])
         return ([] if state is None else [state]), info
 
     def final_mix(self) -> dict | None:
@@ -269,17 +277,22 @@ class Rounds:
             entry["staleness"] = self.outer.state.version - partners[0].version
             entry["weight"] = self.outer.mix_arrived(partners[0])
             self._follow_swarm(partners[0].version, entry["weight"])
-            if entry["weight"]:
-                self.tally.mixes += 1
-                self.changed = True
+            self._count_mix(entry, pushed=True)
         self.rnd.pushed_in.append(entry)
 
-    def _count_mix(self, info: dict) -> None:
+    def _count_mix(self, info: dict, pushed: bool = False) -> None:
+        """Count a partner's state that was weighed: a mix, or one that arrived too stale to count
+        (the last partner is the last one fetched)."""
         if info.get("weight"):
             t = self.tally
             t.mixes += 1
-            t.last_partner, t.last_staleness = info["partner"], info.get("staleness")
+            if not pushed:
+                t.last_partner, t.last_staleness = info["partner"], info.get("staleness")
             self.changed = True
+            self.alone.mixed()
+        elif (info.get("staleness") or 0) > self.diloco.max_staleness:
+            self.tally.too_stale += 1
+            self.alone.arrived_stale(int(info.get("staleness") or 0))
 
     def finish(self) -> tuple[dict, int]:
         """The round is over: mix what arrived after its last step (pushed or fetched) into the
@@ -302,4 +315,10 @@ class Rounds:
             info["refused_from"] = rnd.refused_from
         if rnd.pushed_in:
             info["pushed_in"] = rnd.pushed_in
+        running_s, received = self.gossip.progress() or (0.0, 0)
+        rate = self.chooser.measured_rate() or (received / running_s if received and running_s > 1 else None)
+        link = Link(rate, self.publisher.state_bytes, time.monotonic() - rnd.start, running_s)
+        others = len(self._others_training())
+        if (why := self.alone.end_round(others, link, self.diloco.max_staleness, time.monotonic())) is not None:
+            info["alone"] = why
         return info, steps

@@ -95,7 +95,8 @@ class IslandView:
 
     @property
     def shown_state(self) -> str:
-        return self.gone or self.record.state
+        alone = self.record.alone and self.record.state in ("training", "syncing")
+        return self.gone or ("alone" if alone else self.record.state)
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,11 @@ class SwarmState:
             self.note("refused", f"{view.short_id} refused {n} partner state{'s' * (n > 1)}, last from "
                                  f"{(rec.last_refused or '?')[:8]} (implausible, non-finite, or another model or run)",
                       rec.peer_id)
+        if rec.alone != view.record.alone:
+            if rec.alone:
+                self.note("alone", f"{view.short_id} trains alone: {rec.alone}", rec.peer_id)
+            else:
+                self.note("alone", f"{view.short_id} mixes partners' states again", rec.peer_id)
         old, new = view.record.state, rec.state
         if old == new or {old, new} == {"training", "syncing"}:
             return  # training <-> syncing happens every round: not news

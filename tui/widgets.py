@@ -22,10 +22,10 @@ COLUMNS = (("id", "id"), ("address", "address"), ("state", "state"), ("version",
            ("partner", "partner"))
 """(column key, label) of the peers table; the keys are `tui.state.SORT_KEYS`."""
 NUMERIC = {"version", "behind", "age", "tokens_per_s", "loss", "upload", "download"}
-STATE_STYLE = {"joining": "yellow", "training": "green", "syncing": "cyan", "leaving": "magenta",
+STATE_STYLE = {"joining": "yellow", "training": "green", "alone": "bold yellow", "syncing": "cyan", "leaving": "magenta",
                "left": "dim", "expired": "bold red"}
 LEVEL_STYLE = ("", "yellow", "bold red")
-EVENT_STYLE = {"refused": "bold yellow", "join": "green", "rejoin": "green", "state": "cyan", "leaving": "magenta", "left": "magenta",
+EVENT_STYLE = {"refused": "bold yellow", "alone": "bold yellow", "join": "green", "rejoin": "green", "state": "cyan", "leaving": "magenta", "left": "magenta",
                "expired": "bold red", "behind": "yellow", "caught-up": "green", "connected": "green",
                "disconnected": "bold red", "log": "yellow"}
 

@@ -82,4 +82,5 @@ def format_islands(records: dict[str, IslandRecord] | list[IslandRecord], now: f
              r.reach, r.endpoint) for r in rows]
     widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *body]]
+    lines += [f"{r.peer_id} trains alone: {r.alone}" for r in rows if r.alone]
     return "\n".join(lines)

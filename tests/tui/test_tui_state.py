@@ -174,3 +174,16 @@ def test_replay_source_plays_frames_in_order():
     source.start(paced.append)
     source.stop()
     assert paced == frames[: len(paced)]
+
+
+def test_an_island_that_trains_alone_shows_so_with_why_and_when_it_mixes_again():
+    state = fed(5)
+    t, records = frame(5)
+    why = "no partner state mixed in 10 rounds while 3 others train; 0.50 Mbit/s measured from partners"
+    alone = [r.replace(alone=why) if r.peer_id == IDS["b"] else r for r in records]
+    events = [e for e in state.ingest(snap(t, alone)) if e.kind == "alone"]
+    assert [e.peer_id for e in events] == [IDS["b"]] and why in events[0].text
+    assert state.islands[IDS["b"]].shown_state == "alone" and state.islands[IDS["a"]].shown_state == "training"
+    events = [e for e in state.ingest(snap(t + 1, [r.replace(timestamp=t + 1) for r in records])) if e.kind == "alone"]
+    assert [e.peer_id for e in events] == [IDS["b"]] and "again" in events[0].text
+    assert state.islands[IDS["b"]].shown_state == "training"

@@ -36,7 +36,8 @@ def test_record_round_trips_through_dict_json_and_msgpack():
     assert IslandRecord.from_dict(msgpack.unpackb(msgpack.packb(r.to_dict()))) == r
     assert set(r.to_dict()) == {"peer_id", "endpoint", "version", "tokens", "tokens_per_s", "loss", "eval_loss", "state",
                                 "upload_bps", "download_bps", "bytes_sent", "bytes_received", "last_partner",
-                                "started_at", "published_at", "timestamp", "model", "refused", "last_refused", "reach"}
+                                "started_at", "published_at", "timestamp", "model", "refused", "last_refused", "alone",
+                                "reach"}
 
 
 def test_integer_rates_become_floats_so_the_strict_dht_schema_accepts_them():
@@ -77,6 +78,8 @@ def test_format_islands_lists_every_record():
     assert lines[1].startswith("0123") and "2.5000" in lines[1] and "2.0" in lines[1]  # age 2 s
     assert lines[2].startswith("aaaa") and " - " in lines[2] and " 9 " in lines[2]
     assert " direct " in lines[1] and " outbound " in lines[2]
+    alone = format_islands([record(alone="no partner state mixed in 10 rounds while 1 other train")], now=1.7e9)
+    assert alone.splitlines()[-1] == f"{PID} trains alone: no partner state mixed in 10 rounds while 1 other train"
 
 
 def test_bootstrap_addresses_parse_and_derive_the_rendezvous():

@@ -1,0 +1,108 @@
+"""Never alone without saying so: an island that mixes no partner while others train tells why.
+
+A swarm whose links are too slow for what it sends, or whose partners' states keep failing, still
+trains: each island alone, which is worse than it looks from a loss curve. `AloneWatch` counts what
+the rounds since the last mix saw (fetches that failed, states that arrived too stale to weigh
+anything) and, after `ALONE_ROUNDS` such rounds while other members train, says so once: a warning
+in the log, the `alone` field of the island's record (which `status` and the dashboard show), and
+the island's summary. The first mix after that ends it, with one line more.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from p2p_diloco.discovery.records import MAX_ALONE_CHARS
+
+log = logging.getLogger(__name__)
+ALONE_ROUNDS = 10
+"""Rounds without a mix, while other members train, after which an island says it trains alone
+(with the default `max_staleness` of 8, a state fetched that long ago no longer counts)."""
+ALONE_MIN_S = 10.0
+"""... and at least this many seconds: short rounds end before discovery has even shown a
+partner's first trained state (records travel in a second or two)."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """What an island measured of its partners' links, to say why it trains alone."""
+
+    rate_bps: float | None
+    """Bytes per second its fetches got (the running one's so far when none completed; None: unknown)."""
+    state_bytes: int
+    """Bytes of one whole state as this island publishes it (a partner's is the same size)."""
+    round_s: float
+    """The length of its last round, in seconds."""
+    running_s: float = 0.0
+    """How long the fetch running now has run (0: none runs)."""
+
+
+class AloneWatch:
+    """Counts an island's exchanges since its last mix; says once when it trains alone, and why."""
+
+    def __init__(self, name: str, rounds: int = ALONE_ROUNDS, min_s: float = ALONE_MIN_S) -> None:
+        self.name, self.rounds, self.min_s = name, rounds, min_s
+        self.unmixed_rounds = 0
+        """Rounds since the last mix during which other members trained."""
+        self.unmixed_since: float | None = None
+        """When the first of those rounds ended (monotonic)."""
+        self.failed = self.too_stale = 0
+        """Fetches that failed, and states that arrived too stale to weigh anything, since the last mix."""
+        self.last_error: str | None = None
+        self.worst_lag = 0
+        self.reason: str | None = None
+        """Why the island trains alone, while it does (None otherwise)."""
+        self.episodes = 0
+        """How many times it started to train alone."""
+        self._mixed_now = False
+
+    def fetch_failed(self, error: str) -> None:
+        self.failed += 1
+        self.last_error = error
+
+    def arrived_stale(self, lag: int) -> None:
+        self.too_stale += 1
+        self.worst_lag = max(self.worst_lag, lag)
+
+    def mixed(self) -> None:
+        if self.reason is not None:
+            log.info("%s mixes a partner's state again, after %d rounds alone", self.name, self.unmixed_rounds)
+        self.unmixed_rounds = self.failed = self.too_stale = self.worst_lag = 0
+        self.last_error = self.reason = self.unmixed_since = None
+        self._mixed_now = True
+
+    def end_round(self, others: int, link: Link, max_staleness: int, now: float) -> str | None:
+        """A round ended (at `now`, monotonic) with `others` members training besides this one; the
+        reason it trains alone when it has just begun to (logged here, once), else None."""
+        mixed, self._mixed_now = self._mixed_now, False
+        if mixed or others == 0:  # a lone island is not alone among others: nothing to say
+            return None
+        self.unmixed_rounds += 1
+        self.unmixed_since = now if self.unmixed_since is None else self.unmixed_since
+        if self.reason is not None or self.unmixed_rounds < self.rounds or now - self.unmixed_since < self.min_s:
+            return None
+        why = self._why(others, link, max_staleness).encode("ascii", "replace").decode()
+        self.reason = "".join(c if c.isprintable() else " " for c in why)[:MAX_ALONE_CHARS]
+        self.episodes += 1
+        log.warning("%s trains alone: %s", self.name, self.reason)
+        return self.reason
+
+    def _why(self, others: int, link: Link, max_staleness: int) -> str:
+        parts = [f"no partner state mixed in {self.unmixed_rounds} rounds while {others} other"
+                 f"{'s' * (others > 1)} train"]
+        if link.rate_bps:
+            fetch_s = link.state_bytes / link.rate_bps
+            parts.append(f"{link.rate_bps * 8 / 1e6:.2f} Mbit/s measured from partners: a {link.state_bytes / 1e6:.2f} "
+                         f"MB state takes {fetch_s:.0f} s, {fetch_s / max(link.round_s, 1e-3):.0f} rounds")
+            if fetch_s > link.round_s:
+                parts.append("updates fit such a link (--exchange updates --update-codec sign)")
+        if self.too_stale:
+            parts.append(f"{self.too_stale} arrived too stale (up to {self.worst_lag} versions, bound {max_staleness})")
+        if self.failed:
+            parts.append(f"{self.failed} fetches failed (last: {(self.last_error or '')[:80]})")
+        if link.running_s > link.round_s:
+            parts.append(f"a fetch has run for {link.running_s:.0f} s")
+        if not (link.rate_bps or link.running_s or self.failed or self.too_stale):
+            parts.append("no fetch finished")
+        return "; ".join(parts)

@@ -1,0 +1,61 @@
+"""An island that mixes nothing while others train says so once, with why, and when it mixes again."""
+
+from __future__ import annotations
+
+import logging
+
+from p2p_diloco.discovery.records import MAX_ALONE_CHARS, IslandRecord
+from p2p_diloco.peers.alone import ALONE_ROUNDS, AloneWatch, Link
+
+SLOW = Link(rate_bps=0.5e6 / 8, state_bytes=1_280_000, round_s=1.0)  # 0.5 Mbit/s, the tiny model's state
+
+
+def test_rounds_without_a_mix_among_others_are_said_once_with_the_rate_and_the_cause(caplog):
+    watch = AloneWatch("island-a")
+    caplog.set_level(logging.INFO, logger="p2p_diloco.peers.alone")
+    said = []
+    for r in range(3 * ALONE_ROUNDS):
+        if r % 4 == 0:
+            watch.arrived_stale(lag=20)
+        watch.fetch_failed("TransportTimeout: no answer from tcp://127.0.0.1:1 for 10 s") if r == 5 else None
+        said.append(watch.end_round(others=3, link=SLOW, max_staleness=8, now=1.2 * r))  # rounds of 1.2 s
+    reasons = [s for s in said if s is not None]
+    assert len(reasons) == 1 and said[ALONE_ROUNDS - 1] == reasons[0]  # at the 10th round, then not again
+    why = watch.reason
+    assert why == reasons[0] and len(why) <= MAX_ALONE_CHARS
+    for part in ("no partner state mixed in 10 rounds while 3 others train", "0.50 Mbit/s measured",
+                 "1.28 MB state takes 20 s, 20 rounds", "--exchange updates", "3 arrived too stale (up to 20 versions, bound 8)",
+                 "1 fetches failed (last: TransportTimeout: no answer"):
+        assert part in why, (part, why)
+    assert [r.levelno for r in caplog.records] == [logging.WARNING] and "island-a trains alone" in caplog.text
+    IslandRecord(peer_id="a", endpoint="tcp://127.0.0.1:1", alone=why)  # a record carries it
+
+    watch.mixed()  # a mix ends it, with one line
+    assert watch.reason is None and "mixes a partner's state again, after 30 rounds alone" in caplog.text
+    assert watch.end_round(others=3, link=SLOW, max_staleness=8, now=100.0) is None and watch.unmixed_rounds == 0
+    assert watch.episodes == 1
+
+
+def test_a_lone_island_or_one_that_mixes_says_nothing():
+    watch = AloneWatch("b")
+    for r in range(3 * ALONE_ROUNDS):
+        assert watch.end_round(others=0, link=SLOW, max_staleness=8, now=r) is None  # nobody else: not news
+    for r in range(3 * ALONE_ROUNDS):
+        watch.mixed()
+        assert watch.end_round(others=2, link=SLOW, max_staleness=8, now=r) is None
+    assert watch.reason is None and watch.episodes == 0
+
+
+def test_failures_without_a_measured_rate_are_the_reason():
+    watch = AloneWatch("c", rounds=2)
+    watch.fetch_failed("ConnectionLost: tcp://127.0.0.1:9 closed the connection mid-exchange")
+    watch.end_round(others=1, link=Link(None, 1000, 1.0), max_staleness=8, now=0.0)
+    why = watch.end_round(others=1, link=Link(None, 1000, 1.0), max_staleness=8, now=20.0)
+    assert why == ("no partner state mixed in 2 rounds while 1 other train; 1 fetches failed "
+                   "(last: ConnectionLost: tcp://127.0.0.1:9 closed the connection mid-exchange)")
+
+
+def test_short_rounds_are_not_alone_before_discovery_could_show_a_partner():
+    watch = AloneWatch("d")
+    said = [watch.end_round(others=1, link=SLOW, max_staleness=8, now=0.1 * r) for r in range(150)]
+    assert [r for r, s in enumerate(said) if s] == [100]  # 10 s of rounds of 0.1 s, not 10 rounds (1 s)
