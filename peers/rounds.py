@@ -19,6 +19,7 @@ from typing import Callable
 from p2p_diloco.config import DiLoCoConfig, IslandConfig, NetworkConfig
 from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.outer import PartnerState
+from p2p_diloco.core.schedule import FINAL_MIX_WAIT_S
 from p2p_diloco.discovery.membership import Membership
 from p2p_diloco.peers.alone import AloneWatch, Link
 from p2p_diloco.peers.checks import PartnerChecks
@@ -36,8 +37,6 @@ FRESH_RECORD_S = 3 * ANNOUNCE_EVERY_S
 """Pacing counts only records younger than this: a dead island's record lingers until it expires."""
 RETRY_PARTNER_S = 0.5
 """How often a round that found no partner at its start looks again (one may have published since)."""
-FINAL_MIX_WAIT_S = 5.0
-"""The final mix waits at least this long for a partner in step with this island (`_final_mix`)."""
 LINGER_GRACE_S = 1.0
 """After the final mix an island serves on this long after the last member behind it caught up."""
 RETRY_FINAL_S = 0.1

@@ -82,8 +82,11 @@ def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.to
                         "step_seconds": round(step_seconds([r for n in names for r in rows[n]]), 4),
                         "bytes_moved": (moved := sum(s["bytes_in"] for s in summaries)),
                         "bytes_to_sim": moved / (gossip.bytes_sent_per_island * islands),
+                        "mixes_per_round": sum(s["mixes"] for s in summaries) / max(1, sum(s["rounds"] for s in summaries)),
+                        "failed_fetches": sum(s["failed_fetches"] for s in summaries),
                         "swarm_wall_s": round(wall_s, 1), "workdir": str(run_dir)})
     swarm_loss = sum(r["swarm_eval_loss"] for r in per_run) / runs
+    swarm_mixes = sum(r["mixes_per_round"] for r in per_run) / runs
     return {"islands": islands, "tokens": total, "latency_ms": latency_ms, "bandwidth_mbps": bandwidth_mbps,
             "compression": compression, "local_steps": local_steps, "momentum": momentum, "exchange": exchange,
             "update_codec": update_codec, "runs": runs,
@@ -91,6 +94,8 @@ def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.to
             "swarm_eval_loss": swarm_loss, "sim_gossip_eval_loss": gossip.eval_loss, "dp_eval_loss": dp.eval_loss,
             "ratio_to_dp": swarm_loss / dp.eval_loss, "ratio_to_sim_gossip": swarm_loss / gossip.eval_loss,
             "ratio_to_dp_runs": [r["ratio_to_dp"] for r in per_run],
+            "swarm_mixes_per_round": swarm_mixes, "sim_mixes_per_round": gossip.mixes_per_round,
+            "mixes_ratio_to_sim": swarm_mixes / gossip.mixes_per_round if gossip.mixes_per_round else None,
             "sim_gossip_bytes": gossip.bytes_sent_per_island * islands,
             "bytes_to_sim_runs": [round(r["bytes_to_sim"], 4) for r in per_run],
             "utilization_min": min(u for r in per_run for u in r["utilization"]), "per_run": per_run}

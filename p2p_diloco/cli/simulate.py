@@ -28,7 +28,10 @@ S = SimConfig
 @click.option("--speeds", default=S.speeds, callback=csv(float), help="Per-island relative speed, e.g. 1,1,1,0.1.")
 @click.option("--drop-prob", type=float, default=S.drop_prob, show_default=True, help="Chance an island misses a round.")
 @click.option("--latency-ms", type=float, default=S.latency_ms, show_default=True, help="Simulated one-way link latency.")
-@click.option("--bandwidth-mbps", type=float, default=S.bandwidth_mbps, show_default=True, help="Simulated link bandwidth.")
+@click.option("--bandwidth-mbps", default=str(S.bandwidth_mbps), show_default=True, callback=csv(float),
+              help="Download rate of every island's link, Mbit/s, or a comma list of one per island (1000,1000,20,0.5).")
+@click.option("--upload-mbps", default=None, callback=csv(float),
+              help="Upload rate, Mbit/s, for all or one per island (default: as the download; home links upload slower).")
 @codec_option(S.compression)
 @retired_option("--partners", "the exchange picks partners: drawn for whole states, the ring for --exchange updates")
 @retired_option("--update-k", "updates travel in sign or int4, which keep every value")
@@ -61,7 +64,13 @@ def simulate(**kw) -> None:
         autocast(resolve_device(train.device), train.precision)
         sim = SimConfig(islands=kw["islands"], methods=tuple(kw["methods"]), tokens=kw["tokens"],
                         time_budget=kw["time_budget"], speeds=kw["speeds"], drop_prob=kw["drop_prob"],
-                        latency_ms=kw["latency_ms"], bandwidth_mbps=kw["bandwidth_mbps"], compression=kw["compression"],
+                        latency_ms=kw["latency_ms"], bandwidth_mbps=_one_or_each(kw["bandwidth_mbps"]),
+                        upload_mbps=_one_or_each(kw["upload_mbps"]), compression=kw["compression"],
                         mix_delay=kw["mix_delay"], step_seconds=kw["step_seconds"], seed=kw["seed"],
                         update_keep=kw["update_keep"])
         run_simulation(sim, model, train, diloco, data, as_json, jobs, vocab_size=vocab_size)
+
+
+def _one_or_each(rates: tuple[float, ...] | None) -> float | tuple[float, ...] | None:
+    """One rate for every island, or one per island (`SimConfig` checks the count)."""
+    return rates[0] if rates is not None and len(rates) == 1 else rates

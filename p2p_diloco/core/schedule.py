@@ -13,6 +13,16 @@ from typing import TypeVar
 
 Id = TypeVar("Id", int, str)
 
+FINAL_MIX_WAIT_S = 5.0
+"""The final mix waits at least this long for a partner in step with the island (`peers.rounds`),
+then for the fetch as long as the fetch timeout allows."""
+
+
+def final_fetch_in_time(wait_s: float, fetch_timeout_s: float) -> bool:
+    """Whether the final mix still takes a fetch that ends `wait_s` after the island's budget was
+    spent: one that needs longer than `FINAL_MIX_WAIT_S` plus the fetch timeout is abandoned."""
+    return wait_s <= FINAL_MIX_WAIT_S + fetch_timeout_s
+
 
 def worth_fetching(tokens: int) -> bool:
     """A partner that has trained nothing holds the initial weights every island starts from:

@@ -33,8 +33,11 @@ class SimConfig:
     """Chance that an island misses a round (offline for that round's duration)."""
     latency_ms: float = 100.0
     """One-way latency of every simulated link."""
-    bandwidth_mbps: float = 1000.0
-    """Rate of every simulated link, Mbit/s."""
+    bandwidth_mbps: float | tuple[float, ...] = 1000.0
+    """Download rate of every island's link, Mbit/s, or one per island (home links differ)."""
+    upload_mbps: float | tuple[float, ...] | None = None
+    """Upload rate, Mbit/s, one for all or one per island (None: as the download). A fetch from j
+    to i runs at the slower of j's upload and i's download."""
     compression: str = "int8"
     """Codec applied to every exchanged state and counted in the bytes."""
     update_keep: int = 0
@@ -62,11 +65,30 @@ class SimConfig:
         _require(self.speeds is None or (len(self.speeds) == self.islands and min(self.speeds) > 0), s, "speeds",
                  f"{self.islands} positive numbers", self.speeds)
         _require(0 <= self.drop_prob < 1, s, "drop_prob", "in [0, 1)", self.drop_prob)
-        _require(self.latency_ms >= 0 and self.bandwidth_mbps > 0, s, "latency_ms/bandwidth_mbps", ">= 0 and > 0",
-                 (self.latency_ms, self.bandwidth_mbps))
+        _require(self.latency_ms >= 0, s, "latency_ms", ">= 0", self.latency_ms)
+        for name in ("bandwidth_mbps", "upload_mbps"):
+            v = getattr(self, name)
+            rates = v if isinstance(v, tuple) else (v,)
+            _require((v is None and name == "upload_mbps") or (len(rates) in (1, self.islands) and min(rates) > 0), s,
+                     name, f"a rate > 0 or {self.islands} of them", v)
         _require(self.compression in CODECS, s, "compression", f"one of {CODECS}", self.compression)
         _require(self.mix_delay in (0, 1), s, "mix_delay", "0 or 1", self.mix_delay)
         _require(self.update_keep >= 0, s, "update_keep", ">= 0", self.update_keep)
 
     def speed(self, i: int) -> float:
         return 1.0 if self.speeds is None else self.speeds[i]
+
+    def download(self, i: int) -> float:
+        """Island i's download rate, Mbit/s."""
+        return _of(self.bandwidth_mbps, i)
+
+    def upload(self, i: int) -> float:
+        """Island i's upload rate, Mbit/s."""
+        return self.download(i) if self.upload_mbps is None else _of(self.upload_mbps, i)
+
+
+def _of(rates: float | tuple[float, ...], i: int) -> float:
+    """Island i's entry of a rate given once for all islands or once per island."""
+    if not isinstance(rates, tuple):
+        return rates
+    return rates[i] if len(rates) > 1 else rates[0]

@@ -1,12 +1,17 @@
 """The simulator's `gossip` method: asynchronous gossip DiLoCo on a virtual clock.
 
 Each island's round is planned when it starts (`_plan`): how many inner steps fit, when it ends,
-whom it fetches from and after how many steps that state arrives (it is mixed between the two
-inner steps it arrives between, or at the round's end). The clock then jumps from one round's end to the next
-(`run`): the islands whose rounds end at that time train them (`_train`), exchange at once if
+and whether a partner's state arrives during it, and after how many steps (it is mixed between the
+two inner steps it arrives between, or at the round's end). As in the swarm, an island fetches one
+state at a time and never waits for it: a fetch starts when a round starts and none is running, at
+the partner's state as last published, takes the link's time (`Simulation.fetch_seconds`: the
+slower of the partner's upload and the island's download), and lands in whichever round it ends
+in, at the staleness it then has. The clock then jumps from one round's end to the next (`run`):
+the islands whose rounds end at that time train them (`_train`), exchange at once if
 `mix_delay=0` (`_exchange_now`), publish, and plan their next round. With `final_mix`, each island
-mixes one partner's last state when the budget is spent (`_final_mix`). Compute time is accounted,
-not slept, so a run depends only on the seed.
+mixes one partner's last state when the budget is spent (`_final_mix`), or the fetch it was
+running, if either lands within the swarm's wait (`core.schedule.final_fetch_in_time`). Compute
+time is accounted, not slept, so a run depends only on the seed.
 
 Partners: one shift per round index, `j = i + shift (mod K)`, drawn from the round number, so
 while the islands are in step each round's choice is a permutation (every island serves one
@@ -22,9 +27,10 @@ import math
 import random
 from typing import TYPE_CHECKING
 
+from p2p_diloco.config import NetworkConfig
 from p2p_diloco.core.modes import exchange_mode
 from p2p_diloco.core.outer import PartnerState
-from p2p_diloco.core.schedule import ring_successor, worth_fetching
+from p2p_diloco.core.schedule import final_fetch_in_time, ring_successor, worth_fetching
 
 if TYPE_CHECKING:
     from p2p_diloco.sim.simulator import MethodResult, Simulation
@@ -47,6 +53,12 @@ class GossipRun:
         self.published = [simulation.snapshot(isl) for isl in self.islands]
         self.sent, self.busy, self.idle, self.rounds = [0] * K, [0.0] * K, [0.0] * K, [0] * K
         self.plans: list[dict] = [{} for _ in range(K)]
+        self.inflight: list[tuple[PartnerState, float, float] | None] = [None] * K
+        """Each island's running fetch: the state it will get, when it started and how long it takes."""
+        self.ended = [0.0] * K
+        """When each island's last round ended."""
+        self.mixes = [0] * K
+        """Partner states each island mixed with a weight above 0."""
         self.tokens = 0
         self.committed = 0
         """Tokens of the rounds started so far: the last rounds are cut to land on the budget."""
@@ -80,19 +92,24 @@ class GossipRun:
         steps = max(1, min(self.dl.local_steps, math.floor(self.round_seconds / dt + 1e-9), remaining // step_tokens))
         self.committed += steps * step_tokens
         p = {"steps": steps, "busy": steps * dt, "end": t + steps * dt, "partner": None, "arrives_after": steps}
-        if sim.mix_delay == 1 and (j := self._choose(i, t)) is not None and worth_fetching(self.published[j].tokens):
-            p["partner"], fetch_s = self._fetch_counted(i, j)
-            self.idle[i] += max(0.0, fetch_s - p["busy"])
-            p["end"] = t + max(p["busy"], fetch_s)
-            # mixed between the inner steps it arrives between (0: before the first)
-            p["arrives_after"] = min(steps, math.ceil(fetch_s / dt - 1e-9))
+        if sim.mix_delay == 1:
+            if self.inflight[i] is None and (j := self._choose(i, t)) is not None \
+                    and worth_fetching(self.published[j].tokens):
+                self.inflight[i] = (*self._fetch_counted(i, j), t)
+            if self.inflight[i] is not None:
+                partner, fetch_s, started = self.inflight[i]
+                lands = (started - t) + fetch_s  # seconds into this round
+                if lands <= p["busy"] + 1e-9:
+                    self.inflight[i] = None
+                    # mixed between the inner steps it arrives between (0: before the first)
+                    p["partner"], p["arrives_after"] = partner, min(steps, max(0, math.ceil(lands / dt - 1e-9)))
         self.plans[i] = p
 
     def _fetch_counted(self, i: int, j: int) -> tuple[PartnerState, float]:
         """`_fetch`, its bytes counted as sent by j: what i fetches and the fetch's seconds."""
         partner, nbytes = self._fetch(i, j)
         self.sent[j] += nbytes
-        return partner, self.s.link_seconds(nbytes, hops=2)
+        return partner, self.s.fetch_seconds(i, j, nbytes)
 
     def _fetch(self, i: int, j: int) -> tuple[PartnerState, int]:
         """What island i fetches of island j's published state, and the bytes it costs."""
@@ -111,10 +128,12 @@ class GossipRun:
         isl, p = self.islands[i], self.plans[i]
         for step in range(p["steps"]):
             if step == p["arrives_after"]:
-                isl.mix_arrived(self._arrived(i, p["partner"]))
+                self.mixes[i] += isl.mix_arrived(self._arrived(i, p["partner"])) > 0
             isl.inner_step()
         late = p["partner"] is not None and p["arrives_after"] == p["steps"]
-        isl.end_round([self._arrived(i, p["partner"])] if late else [])
+        weights = isl.end_round([self._arrived(i, p["partner"])] if late else [])
+        self.mixes[i] += sum(w > 0 for w in weights)
+        self.ended[i] = p["end"]
         self.busy[i] += p["busy"]
         self.rounds[i] += 1
         self.tokens += p["steps"] * self.s.step_tokens
@@ -137,17 +156,25 @@ class GossipRun:
         return t + longest
 
     def _final_mix(self) -> float:
-        """`final_mix`: the budget spent, every island fetches its next partner's last published state
-        and mixes it (all from the states as they were published); returns the longest fetch's time."""
-        longest = 0.0
+        """`final_mix`: the budget spent, every island mixes the fetch it was running or else fetches
+        its next partner's last published state, if that lands within the swarm's wait; returns how
+        long after the last round ended the last island was done."""
+        timeout_s, done = NetworkConfig().fetch_timeout_s, max(self.ended)
         for i, isl in enumerate(self.islands):
-            if (j := self._choose(i, math.inf, final=True)) is None or not worth_fetching(self.published[j].tokens):
+            if self.inflight[i] is not None:
+                partner, fetch_s, started = self.inflight[i]
+                lands = started + fetch_s
+            elif (j := self._choose(i, math.inf, final=True)) is None or not worth_fetching(self.published[j].tokens):
                 continue
-            partner, fetch_s = self._fetch_counted(i, j)
-            self.idle[i] += fetch_s
-            longest = max(longest, fetch_s)
-            isl.mix_arrived(self._arrived(i, partner))
-        return longest
+            else:
+                partner, fetch_s = self._fetch_counted(i, j)
+                lands = self.ended[i] + fetch_s
+            wait = max(0.0, lands - self.ended[i])
+            if final_fetch_in_time(wait, timeout_s):
+                self.idle[i] += wait
+                done = max(done, lands)
+                self.mixes[i] += isl.mix_arrived(self._arrived(i, partner)) > 0
+        return done - max(self.ended)
 
     def run(self) -> MethodResult:
         sim, K = self.sim, self.sim.islands
@@ -174,4 +201,6 @@ class GossipRun:
         if self.dl.final_mix and sim.mix_delay == 1:
             t_end += self._final_mix()
         util = sum(self.busy) / max(1e-9, sum(self.busy) + sum(self.idle))
-        return self.s.result(self.islands, self.tokens, sum(self.sent) / K, t_end, util)
+        result = self.s.result(self.islands, self.tokens, sum(self.sent) / K, t_end, util)
+        result.mixes_per_round = sum(self.mixes) / max(1, sum(self.rounds))
+        return result

@@ -53,12 +53,13 @@ def run_simulation(sim: SimConfig, model: ModelConfig, train: TrainConfig, diloc
         print(json.dumps(out))
         return out
     table = Table(title=f"{sim.islands} islands, {corpus.source}, {'%.0f virtual s' % sim.time_budget if sim.time_budget else f'{sim.tokens:,} tokens'}")
-    for col in ("method", "eval loss", "worst", "consensus", "tokens", "bytes/island", "virtual s", "utilization"):
+    for col in ("method", "eval loss", "worst", "consensus", "tokens", "bytes/island", "virtual s", "utilization",
+                "mixes/round"):
         table.add_column(col, justify="right")
     for name, r in results.items():
         table.add_row(name, f"{r['eval_loss']:.4f}", f"{r['eval_loss_worst']:.4f}", f"{r['eval_loss_consensus']:.4f}",
                       f"{r['tokens']:,}", f"{r['bytes_sent_per_island']:,}", f"{r['virtual_seconds']:.1f}",
-                      f"{r['utilization']:.3f}")
+                      f"{r['utilization']:.3f}", "-" if r["mixes_per_round"] is None else f"{r['mixes_per_round']:.2f}")
     Console().print(table)
     return out
 

@@ -59,10 +59,13 @@ class MethodResult:
     virtual_seconds: float
     utilization: float
     per_island: list[float] = field(default_factory=list)
+    mixes_per_round: float | None = None
+    """Partner states mixed with a weight above 0, per round of every island (gossip only)."""
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in ("eval_loss", "eval_loss_worst", "eval_loss_consensus", "tokens",
-                                              "bytes_sent_per_island", "virtual_seconds", "utilization")}
+                                              "bytes_sent_per_island", "virtual_seconds", "utilization",
+                                              "mixes_per_round")}
 
 
 class Simulation:
@@ -111,7 +114,17 @@ class Simulation:
         return self._eval_vector(build_model(self.model_cfg, self.corpus.vocab_size).to(self.device), vec)
 
     def link_seconds(self, nbytes: int, hops: int = 1) -> float:
-        return hops * self.sim.latency_ms / 1000 + nbytes * 8 / (self.sim.bandwidth_mbps * 1e6)
+        """Seconds to move `nbytes` over `hops` links at the slowest island's rate (the synchronous
+        methods, whose every step waits for every island)."""
+        K = self.sim.islands
+        rate = min(min(self.sim.download(i), self.sim.upload(i)) for i in range(K))
+        return hops * self.sim.latency_ms / 1000 + nbytes * 8 / (rate * 1e6)
+
+    def fetch_seconds(self, i: int, j: int, nbytes: int) -> float:
+        """Seconds island i's fetch of `nbytes` from island j takes: a round trip, then the bytes at
+        the slower of j's upload and i's download."""
+        rate = min(self.sim.download(i), self.sim.upload(j))
+        return 2 * self.sim.latency_ms / 1000 + nbytes * 8 / (rate * 1e6)
 
     def result(self, islands: list[Island], tokens: int, bytes_per_island: float, t: float, util: float) -> MethodResult:
         probe = islands[0].model

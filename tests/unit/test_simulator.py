@@ -83,8 +83,10 @@ def test_cli_json_shape():
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert set(out["methods"]) == {"gossip", "dp"}
-    keys = {"eval_loss", "eval_loss_worst", "eval_loss_consensus", "tokens", "bytes_sent_per_island", "virtual_seconds", "utilization"}
-    assert set(out["methods"]["gossip"]) == keys
+    keys = {"eval_loss", "eval_loss_worst", "eval_loss_consensus", "tokens", "bytes_sent_per_island", "virtual_seconds",
+            "utilization", "mixes_per_round"}
+    assert set(out["methods"]["gossip"]) == keys and out["methods"]["dp"]["mixes_per_round"] is None
+    assert 0 < out["methods"]["gossip"]["mixes_per_round"] <= 1
     assert out["config"]["sim"]["islands"] == 4
     assert out["config"]["sim"]["step_seconds"] == SimConfig.step_seconds
 
@@ -129,3 +131,42 @@ def test_a_removed_option_names_its_replacement(args, names):
     res = CliRunner().invoke(main, ["simulate", "--tokens", "100", *args])
     assert res.exit_code == 2 and "was removed" in res.output and names in res.output, res.output
     assert "Modes removed" in res.output and "Traceback" not in res.output
+
+
+LONG = 4 * 4 * 32 * 100
+"""Tokens for 20 rounds of 5 steps per island."""
+
+
+def test_a_fetch_slower_than_a_round_lands_in_a_later_round_and_holds_nobody_up(corpus):
+    """As in the swarm: one fetch at a time, never waited for, mixed in the round it lands in at its
+    staleness then (SMALL's state is ~33 kB: ~1 s at 0.25 Mbit/s, 4 rounds of 5 x 0.05 s)."""
+    d = DiLoCoConfig(local_steps=5, final_mix=False)
+    fast = run(corpus, "gossip", d, step_seconds=0.05, tokens=LONG)
+    slow = run(corpus, "gossip", d, step_seconds=0.05, bandwidth_mbps=0.25, tokens=LONG)
+    assert fast.utilization == slow.utilization == 1.0
+    assert fast.virtual_seconds == pytest.approx(slow.virtual_seconds)  # nobody waited for a fetch
+    assert fast.mixes_per_round > 2 * slow.mixes_per_round > 0  # fewer fetches, and they land stale
+    assert slow.bytes_sent_per_island < fast.bytes_sent_per_island / 2
+
+
+def test_each_island_has_its_own_link_and_upload_apart_from_download(corpus):
+    d, at = DiLoCoConfig(local_steps=5, final_mix=False), {"step_seconds": 0.05, "tokens": LONG}
+    uniform = run(corpus, "gossip", d, bandwidth_mbps=0.25, **at)
+    each = run(corpus, "gossip", d, bandwidth_mbps=(0.25, 0.25, 0.25, 0.25), **at)
+    assert each.as_dict() == uniform.as_dict()
+    slow_uploads = run(corpus, "gossip", d, bandwidth_mbps=1000.0, upload_mbps=0.25, **at)
+    assert slow_uploads.as_dict() == uniform.as_dict()  # a fetch runs at the slower end
+    one_slow = run(corpus, "gossip", d, bandwidth_mbps=(1000, 1000, 1000, 0.25), **at)
+    assert uniform.mixes_per_round < one_slow.mixes_per_round < run(corpus, "gossip", d, **at).mixes_per_round
+    with pytest.raises(ConfigError, match="simulate.bandwidth_mbps"):
+        SimConfig(islands=4, bandwidth_mbps=(1, 1))
+    with pytest.raises(ConfigError, match="simulate.upload_mbps"):
+        SimConfig(upload_mbps=0.0)
+    res = CliRunner().invoke(main, ["simulate", "--bandwidth-mbps", "1000,1000,20", "--tokens", "100"])
+    assert res.exit_code != 0 and "simulate.bandwidth_mbps" in res.output
+
+
+def test_the_final_mix_takes_only_a_fetch_that_lands_within_the_swarms_wait():
+    from p2p_diloco.core.schedule import FINAL_MIX_WAIT_S, final_fetch_in_time
+
+    assert final_fetch_in_time(FINAL_MIX_WAIT_S + 10.0, 10.0) and not final_fetch_in_time(FINAL_MIX_WAIT_S + 10.1, 10.0)
