@@ -36,6 +36,8 @@ class Link:
     """The length of its last round, in seconds."""
     running_s: float = 0.0
     """How long the fetch running now has run (0: none runs)."""
+    updates: bool = False
+    """The island fetches updates of public states already, not whole states."""
 
 
 class AloneWatch:
@@ -96,7 +98,8 @@ class AloneWatch:
             parts.append(f"{link.rate_bps * 8 / 1e6:.2f} Mbit/s measured from partners: a {link.state_bytes / 1e6:.2f} "
                          f"MB state takes {fetch_s:.0f} s, {fetch_s / max(link.round_s, 1e-3):.0f} rounds")
             if fetch_s > link.round_s:
-                parts.append("updates fit such a link (--exchange updates --update-codec sign)")
+                parts.append("longer rounds (-H) would fit it" if link.updates else
+                             "updates fit such a link (--exchange updates --update-codec sign)")
         if self.too_stale:
             parts.append(f"{self.too_stale} arrived too stale (up to {self.worst_lag} versions, bound {max_staleness})")
         if self.failed:

@@ -71,3 +71,11 @@ def progress_line(name: str, row: dict[str, Any], out: TextIO = sys.stderr) -> N
               f"{row['tokens_per_s']:>7.0f} tok/s partner {partner[:8]:<8} "
               f"in {row['bytes_in'] / 1e6:6.1f} MB util {row['utilization']:.3f}\n")
     out.flush()
+
+
+def summary_line(summary: dict[str, Any], out: TextIO = sys.stderr) -> None:
+    """One line when an island leaves: its rounds and what its exchanges came to."""
+    alone = f"; trained alone: {summary['alone']}" if summary.get("alone") else ""
+    out.write(f"[{summary['name']}] left after {summary['rounds']} rounds: {summary['mixes']} partner states mixed, "
+              f"{summary['failed_fetches']} fetches failed, {summary['too_stale']} too stale to mix{alone}\n")
+    out.flush()

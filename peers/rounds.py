@@ -316,7 +316,8 @@ class Rounds:
             info["pushed_in"] = rnd.pushed_in
         running_s, received = self.gossip.progress() or (0.0, 0)
         rate = self.chooser.measured_rate() or (received / running_s if received and running_s > 1 else None)
-        link = Link(rate, self.publisher.state_bytes, time.monotonic() - rnd.start, running_s)
+        link = Link(rate, self.publisher.state_bytes, time.monotonic() - rnd.start, running_s,
+                    updates=self.publisher.exchange.updates)
         others = len(self._others_training())
         if (why := self.alone.end_round(others, link, self.diloco.max_staleness, time.monotonic())) is not None:
             info["alone"] = why

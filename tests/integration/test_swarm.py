@@ -226,3 +226,4 @@ def test_islands_on_a_link_too_slow_for_their_state_say_they_train_alone(procs, 
         assert re.match(r"no partner state mixed in \d+ rounds while 1 other train; ", said[0]), said[0]
         assert "Mbit/s measured from partners" in said[0] and "--exchange updates" in said[0], said[0]
         assert not [r for r in isl.rounds() if "fetch_error" in r]  # (the final mix may see its partner leave)
+        assert f"[{isl.name}] left after {s['rounds']} rounds: {s['mixes']} partner states mixed, " in isl.tail()

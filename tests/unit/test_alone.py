@@ -59,3 +59,9 @@ def test_short_rounds_are_not_alone_before_discovery_could_show_a_partner():
     watch = AloneWatch("d")
     said = [watch.end_round(others=1, link=SLOW, max_staleness=8, now=0.1 * r) for r in range(150)]
     assert [r for r, s in enumerate(said) if s] == [100]  # 10 s of rounds of 0.1 s, not 10 rounds (1 s)
+
+
+def test_an_island_that_sends_updates_already_is_told_what_else_would_fit():
+    watch = AloneWatch("e", rounds=1, min_s=0.0)
+    why = watch.end_round(others=1, link=Link(1e4, 1_280_000, 1.0, updates=True), max_staleness=8, now=0.0)
+    assert "longer rounds (-H) would fit it" in why and "--exchange updates" not in why

@@ -22,3 +22,17 @@ def test_the_window_keeps_a_bounded_number_of_samples():
         up, _ = rates.update(float(t), 1000 * t, 0)
         assert up == 1000.0
     assert len(rates._samples) <= 12
+
+
+def test_the_line_an_island_leaves_with_says_what_its_exchanges_came_to():
+    import io
+
+    from p2p_diloco.peers.metrics import summary_line
+
+    out = io.StringIO()
+    summary = {"name": "a", "rounds": 40, "mixes": 0, "failed_fetches": 2, "too_stale": 3, "alone": "no partner ..."}
+    summary_line(summary, out)
+    summary_line({**summary, "alone": None, "mixes": 31}, out)
+    assert out.getvalue().splitlines() == [
+        "[a] left after 40 rounds: 0 partner states mixed, 2 fetches failed, 3 too stale to mix; trained alone: no partner ...",
+        "[a] left after 40 rounds: 31 partner states mixed, 2 fetches failed, 3 too stale to mix"]
