@@ -1,8 +1,13 @@
 """Partner choice: prefer fresh, fast, reachable members, and spread the load.
 
-Each round an island fetches one partner's snapshot. A weighted random draw (not a fixed best)
-keeps information flowing through the whole swarm and keeps everyone from fetching the same
-island. A candidate's weight multiplies:
+Each round an island fetches one partner's snapshot. First choice is this version's permutation
+partner (`core.schedule.shifted_partner`, what the simulator's islands fetch): islands at the same
+version then fetch from distinct partners, so no upload serves two fetches while another serves
+none (drawn at random, the four islands of a swarm at 0.5 Mbit/s put two fetches on each of two
+uploads and mixed half as often: BENCHMARKS.md, "Slow links"). It is taken when it is a candidate
+and not measured more than `SLOW_PARTNER` times slower than the median candidate; otherwise a
+weighted random draw (not a fixed best) keeps information flowing through the whole swarm and
+keeps everyone from fetching the same island. A candidate's weight multiplies:
 
 - freshness: `1 / (1 + lag)` where lag is how many versions it is behind the freshest member;
   members beyond `max_staleness` behind us are not candidates at all, nor members that have not
@@ -24,9 +29,11 @@ a fixed order: the candidate that follows this island in the ring of peer ids, t
 after round while it stays a candidate, so the island lacks one update of it per round instead of
 all those since it last met a random partner. Each island then serves one fetch per round.
 
-The caller may also ask only for members that have reached a version (`min_version`) and that
-were not among its last two partners (`skip_recent=True`, while other live members remain): the
-runner does both early in each round, see `IslandConfig.same_version_wait`. Without the second, the
+The caller may also ask only for members that have reached a version (`min_version`) and, in the
+draw, that were not among its last two partners (`skip_recent=True`, while other live members
+remain): the runner does both early in each round, see `IslandConfig.same_version_wait`, where the
+fetch waits for the partner to publish the island's version (`waits=True`: a permutation partner
+that has not trained yet qualifies). Without the second, the
 island that runs ahead fetched whichever member published first, the same one round after round,
 and pairs of islands locked onto each other (BENCHMARKS.md, Swarm).
 """
@@ -40,7 +47,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from p2p_diloco.core.schedule import ring_successor, worth_fetching
+from p2p_diloco.core.schedule import ring_successor, shifted_partner, worth_fetching
 from p2p_diloco.discovery.records import IslandRecord
 
 log = logging.getLogger(__name__)
@@ -55,6 +62,9 @@ LAST_PARTNER_FACTOR = 0.5
 """The partner of the previous round weighs this much (variety), unless it is the only candidate."""
 RATE_SMOOTHING = 0.5
 """Weight of a new measured download rate against the remembered one (exponential average)."""
+SLOW_PARTNER = 2.0
+"""The permutation partner is skipped for a weighted draw when measured this many times slower
+than the median candidate (a home link among datacentre ones: the draw's speed weight decides)."""
 REFUSALS_TO_DROP = 3
 """A member whose states were refused this many times is never chosen again."""
 
@@ -90,8 +100,10 @@ class PartnerChooser:
         return self.recent[-1] if self.recent else None
 
     def candidates(self, members: dict[str, IslandRecord], own_version: int, min_version: int = 0,
-                   skip_recent: bool = False) -> dict[str, float]:
-        """Weights of the members we could fetch from now (empty when there are none)."""
+                   skip_recent: bool = False, waits: bool = False) -> dict[str, float]:
+        """Weights of the members we could fetch from now (empty when there are none). `waits`: the
+        fetch waits for the partner to publish `own_version` (>= 1), so one that has not trained yet
+        qualifies too (it will have when it answers)."""
         now = self.clock()
         avoid: set[str] = set()
         if skip_recent:  # skip recent partners, as many as leaves at least one other live member
@@ -101,7 +113,7 @@ class PartnerChooser:
                     avoid.add(pid)
         others = {pid: r for pid, r in members.items()
                   if pid != self.self_id and pid not in avoid and pid not in self.excluded
-                  and r.state in ("training", "syncing") and worth_fetching(r.tokens)
+                  and r.state in ("training", "syncing") and (worth_fetching(r.tokens) or (waits and own_version >= 1))
                   and r.version >= min_version and self._same_model(pid, r)
                   and (r.reach == "direct" or self.relay)
                   and own_version - r.version <= self.max_staleness
@@ -133,7 +145,10 @@ class PartnerChooser:
         return False
 
     def choose(self, members: dict[str, IslandRecord], own_version: int, min_version: int = 0,
-               skip_recent: bool = False) -> IslandRecord | None:
+               skip_recent: bool = False, waits: bool = False) -> IslandRecord | None:
+        """A partner (see the module docstring), or None when there is no candidate. `skip_recent`
+        spares the last two partners from the weighted draw, not from the permutation; with `waits`
+        the permutation partner may not have trained yet (the fetch waits until it has)."""
         if self.ring:  # the successor, whatever version it is at now (the fetch may wait for the one asked)
             pick = ring_successor(self.candidates(members, own_version), self.self_id)
             if pick is None:
@@ -141,12 +156,26 @@ class PartnerChooser:
             self.recent.append(pick)
             return members[pick]
         weights = self.candidates(members, own_version, min_version, skip_recent)
-        if not weights:
+        pick = self._shifted(members, own_version, self.candidates(members, own_version, min_version, waits=waits))
+        if not weights and pick is None:
             return None
-        ids = sorted(weights)
-        pick = self.rng.choices(ids, weights=[weights[i] for i in ids])[0]
+        if pick is None:
+            ids = sorted(weights)
+            pick = self.rng.choices(ids, weights=[weights[i] for i in ids])[0]
         self.recent.append(pick)
         return members[pick]
+
+    def _shifted(self, members: dict[str, IslandRecord], own_version: int, weights: dict[str, float]) -> str | None:
+        """This version's permutation partner among the live members of this model, if it is a
+        candidate (`weights`) and not measured much slower than the others (`SLOW_PARTNER`)."""
+        live = [pid for pid, r in members.items()
+                if r.state in ("training", "syncing") and not (self.model and r.model and r.model != self.model)]
+        pick = shifted_partner(live, self.self_id, own_version)
+        if pick not in weights:
+            return None
+        rates = [h.rate_bps for pid, h in self.history.items() if pid in weights and h.rate_bps]
+        rate = self.history.get(pick, _PeerHistory()).rate_bps
+        return None if rate and rates and rate * SLOW_PARTNER < statistics.median(rates) else pick
 
     def succeeded(self, peer_id: str, nbytes: int, seconds: float) -> None:
         h = self.history.setdefault(peer_id, _PeerHistory())

@@ -168,7 +168,7 @@ class Rounds:
         if fresh_until is None:
             partner = self.chooser.choose(members, v)
             return partner is not None and self.gossip.start(partner)
-        partner = self.chooser.choose(members, v, min_version=v - 1, skip_recent=True)
+        partner = self.chooser.choose(members, v, min_version=v - 1, skip_recent=True, waits=True)
         return partner is not None and self.gossip.start(partner, min_version=v, wait_until=fresh_until)
 
     def _take_partner(self, result: FetchResult | None = None) -> tuple[list[PartnerState], dict]:

@@ -13,11 +13,10 @@ mixes one partner's last state when the budget is spent (`_final_mix`), or the f
 running, if either lands within the swarm's wait (`core.schedule.final_fetch_in_time`). Compute
 time is accounted, not slept, so a run depends only on the seed.
 
-Partners: one shift per round index, `j = i + shift (mod K)`, drawn from the round number, so
-while the islands are in step each round's choice is a permutation (every island serves one
-fetch), as partner choice spreads the load in the real swarm (an offline partner is replaced by a
-random online one); with updates (`Exchange.ring`) the next online island, the swarm's own
-`core.schedule.ring_successor`. As in the swarm, a partner that has trained nothing yet is not
+Partners: one shift per round index (`core.schedule.shifted_partner`, which the swarm's islands
+prefer too), so while the islands are in step each round's choice is a permutation (every island
+serves one fetch; an offline partner is replaced by a random online one); with updates
+(`Exchange.ring`) the next online island (`core.schedule.ring_successor`). As in the swarm, a partner that has trained nothing yet is not
 fetched (`core.schedule.worth_fetching`): the first round mixes nothing.
 """
 
@@ -30,15 +29,10 @@ from typing import TYPE_CHECKING
 from p2p_diloco.config import NetworkConfig
 from p2p_diloco.core.modes import exchange_mode
 from p2p_diloco.core.outer import PartnerState
-from p2p_diloco.core.schedule import final_fetch_in_time, ring_successor, worth_fetching
+from p2p_diloco.core.schedule import final_fetch_in_time, ring_successor, shifted_partner, worth_fetching
 
 if TYPE_CHECKING:
     from p2p_diloco.sim.simulator import MethodResult, Simulation
-
-PARTNER_SEED_STRIDE = 7919
-"""The partner shift of round r is drawn from `seed * PARTNER_SEED_STRIDE + r` (a prime: the
-seeds of different runs do not overlap for any realistic round count)."""
-
 
 class GossipRun:
     """One run of the `gossip` method over a `Simulation`'s islands, data and link."""
@@ -72,7 +66,7 @@ class GossipRun:
         K, r = self.sim.islands, self.rounds[i]
         if self.exchange.ring:
             return ring_successor([o for o in range(K) if final or self._online(o, t)], i)
-        j = (i + 1 + random.Random(self.sim.seed * PARTNER_SEED_STRIDE + r).randrange(K - 1)) % K
+        j = shifted_partner(range(K), i, r, salt=self.sim.seed)
         if final or self._online(j, t):
             return j
         others = [o for o in range(K) if o != i and self._online(o, t)]

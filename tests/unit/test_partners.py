@@ -5,6 +5,8 @@ import random
 import pytest
 from p2p_diloco.peers.partners import MAX_BACKOFF_S, MIN_BACKOFF_S, PartnerChooser
 
+from p2p_diloco.core.schedule import shifted_partner
+
 from p2p_diloco.discovery.records import IslandRecord
 
 
@@ -54,8 +56,23 @@ def test_loaded_stale_and_previous_partners_weigh_less():
     c = chooser()
     w = c.candidates({"idle": rec("idle"), "busy": rec("busy", upload_bps=3e6), "behind": rec("behind", version=3)}, 5)
     assert w["busy"] < w["idle"] and w["behind"] < w["idle"]
-    picks = {c.choose({"a": rec("a"), "b": rec("b")}, 5).peer_id for _ in range(20)}
-    assert picks == {"a", "b"}  # a random draw, halving the last partner: load spreads
+    picks = {c.choose({"a": rec("a", version=v), "b": rec("b", version=v)}, v).peer_id for v in range(20)}
+    assert picks == {"a", "b"}  # the permutation moves on with the version: load spreads
+
+
+def test_islands_at_one_version_fetch_from_distinct_partners_unless_one_is_much_slower():
+    ids = ["a", "b", "c", "d"]
+    for version in range(5, 15):
+        members = {i: rec(i, version=version) for i in ids}
+        picks = [PartnerChooser(i, max_staleness=8, rng=random.Random(0)).choose(members, version).peer_id for i in ids]
+        assert sorted(picks) == ids and all(p != i for p, i in zip(picks, ids))  # a permutation: one fetch per upload
+    c = chooser()
+    members = {i: rec(i) for i in ("me", *ids)}
+    shifted = c.choose(members, 7).peer_id
+    for i in ids:
+        c.succeeded(i, 1000 if i == shifted else 4000, 1.0)  # it is measured 4x slower than the others
+    picks = [c.choose(members, 7).peer_id for _ in range(200)]
+    assert picks.count(shifted) < 30 and len(set(picks)) == 4  # the weighted draw: its speed weight is 1/4
 
 
 def test_min_version_keeps_only_members_that_reached_it():
@@ -67,18 +84,30 @@ def test_min_version_keeps_only_members_that_reached_it():
     assert c.choose({"me": members["me"], "behind": members["behind"]}, 5, min_version=5) is None
 
 
-def test_early_in_a_round_the_last_two_partners_are_skipped_while_others_live():
-    members = {pid: rec(pid) for pid in ("me", "a", "b", "c")}
+def test_early_in_a_round_the_draw_skips_the_last_two_partners_while_others_live():
+    members = {pid: rec(pid) for pid in ("me", "a", "b", "c", "d")}
     c = chooser()
+    shifted = c.choose(members, 5, min_version=5, skip_recent=True).peer_id  # this version's permutation partner
+    assert shifted == shifted_partner(list(members), "me", 5)
+    c.failed(shifted)  # in backoff: the weighted draw decides, sparing the last two partners
     picks = [c.choose(members, 5, min_version=5, skip_recent=True).peer_id for _ in range(9)]
-    assert all(len(set(picks[k:k + 3])) == 3 for k in range(7)), picks  # every other island in turn
+    assert shifted not in picks and all(len(set(picks[k:k + 3])) == 3 for k in range(7)), picks  # in turn
+    members = {pid: rec(pid) for pid in ("me", "a", "b")} | {"c": rec("c", version=4)}  # c lacks our version
+    c = chooser()
     c.recent.extend(["a", "b"])
-    members["c"] = rec("c", version=4)  # c has not published our version yet, a and b were the last two
-    assert c.choose(members, 5, min_version=5, skip_recent=True) is None
+    got, expect = c.choose(members, 5, min_version=5, skip_recent=True), shifted_partner(list(members), "me", 5)
+    assert (got and got.peer_id) == (expect if expect in ("a", "b") else None)  # the draw spares a and b
     assert c.choose(members, 5, min_version=0).peer_id in {"a", "b", "c"}  # later in the round: anyone
     alone = chooser()
     pair = {"me": rec("me"), "a": rec("a")}
     assert [alone.choose(pair, 5, min_version=5, skip_recent=True).peer_id for _ in range(3)] == ["a"] * 3
+
+
+def test_a_partner_waited_for_may_not_have_trained_yet_when_it_is_the_permutation_partner():
+    members = {pid: rec(pid, version=0, tokens=0) for pid in ("a", "b", "c")} | {"me": rec("me", version=1)}
+    c = chooser()
+    assert c.choose(members, 1) is None  # nobody trained: nothing to fetch now
+    assert c.choose(members, 1, min_version=0, waits=True).peer_id == shifted_partner(list(members), "me", 1)
 
 
 def test_a_member_running_another_model_is_never_chosen_and_logged_once(caplog):

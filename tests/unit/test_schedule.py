@@ -29,3 +29,14 @@ def test_the_island_and_the_simulator_decide_by_the_same_code():
     members["ac"] = IslandRecord(peer_id="ac", endpoint="tcp://127.0.0.1:3", version=3, tokens=0, state="training",
                                  timestamp=0.0)
     assert chooser.choose(members, 3).peer_id == "1d"  # untrained: the next one on the ring
+
+
+def test_a_rounds_shifted_partners_are_a_permutation_the_same_for_indices_and_peer_ids():
+    from p2p_diloco.core.schedule import shifted_partner
+
+    for r in range(20):
+        picks = [shifted_partner(range(5), i, r, salt=3) for i in range(5)]
+        assert sorted(picks) == list(range(5)) and all(p != i for i, p in enumerate(picks))
+        ids = ["p0", "p1", "p2", "p3", "p4"]  # sorted as the indices are: the same permutation
+        assert [shifted_partner(ids, own, r, salt=3) for own in ids] == [ids[p] for p in picks]
+    assert shifted_partner([], "a", 0) is None and shifted_partner(["a"], "a", 0) is None
