@@ -94,11 +94,11 @@ def test_every_option_that_sets_a_config_field_defaults_to_that_field(path):
         if owner is None:
             continue
         default = getattr(owner, field)
-        if isinstance(default, tuple) and param.name == "methods":
-            default = ",".join(default)  # a comma list on the command line
+        shown = param.get_default(ctx)
+        if param.name in ("methods", "bandwidth_mbps") and isinstance(shown, str):  # a comma list on the command line
+            default = ",".join(map(str, default)) if isinstance(default, tuple) else str(default)
         if isinstance(default, Path):
             default = str(default)
-        shown = param.get_default(ctx)
         assert shown == default or (shown is None and default == ()), \
             f"{path} --{param.name.replace('_', '-')} defaults to {shown!r}; {owner.__name__}.{field} is {default!r}"
         checked.append(param.name)
