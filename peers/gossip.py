@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from p2p_diloco.config import NetworkConfig
 from p2p_diloco.core.codecs import EncodedVector
@@ -33,6 +34,9 @@ from p2p_diloco.core.public import PublicCopies, PublicCopy
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.errors import BadPayload, CodecError, TransportError
 from p2p_diloco.exchange.linkemu import EmulatedLink
+
+if TYPE_CHECKING:
+    from p2p_diloco.exchange.client import Fetcher
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +81,7 @@ class GossipWorker:
         self._result: FetchResult | None = None
         self._finished = threading.Event()
         """Set while a finished fetch waits to be taken (`wait_result`)."""
-        self._running: tuple[float, object] | None = None
+        self._running: tuple[float, Fetcher] | None = None
         """The running fetch's start (monotonic) and its `Fetcher`, for `progress()`."""
         self._closed = False
 

@@ -152,3 +152,19 @@ def test_a_worker_follows_a_partners_public_state_and_refuses_one_that_drifted(s
     result = _result(worker)
     assert result.snapshot is None and result.bad_state and "pub_digest" in result.error
     assert copies.held("partner") is None  # dropped: the next fetch asks for the public state whole
+
+
+def test_a_running_fetch_reports_its_progress_until_it_is_done():
+    from p2p_diloco.exchange.linkemu import EmulatedLink
+
+    slow = SnapshotServer(config=NET, link=EmulatedLink(bandwidth_mbps=2.0))  # 400 kB: 1.6 s
+    try:
+        slow.publish({"phi": torch.ones(100_000)}, 1, 1000)
+        worker = GossipWorker(NET, timeout_s=5.0)
+        assert worker.progress() is None
+        assert worker.start(_record(slow, 1))
+        seconds, received = _wait_for(lambda: (p := worker.progress()) and p[1] > 100_000 and p, 10, "bytes to arrive")
+        assert 0 < seconds < 5 and received < 450_000
+        assert _result(worker).snapshot.version == 1 and worker.progress() is None
+    finally:
+        slow.close()
