@@ -45,6 +45,7 @@ import random
 import statistics
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from p2p_diloco.core.schedule import ring_successor, shifted_partner, worth_fetching
@@ -121,8 +122,7 @@ class PartnerChooser:
         if not others:
             return {}
         freshest = max(r.version for r in others.values())
-        rates = [h.rate_bps for pid, h in self.history.items() if pid in others and h.rate_bps]
-        median_rate = statistics.median(rates) if rates else 1.0
+        median_rate = self.measured_rate(among=others) or 1.0
         total_upload = sum(r.upload_bps for r in others.values()) or 1.0
         weights = {}
         for pid, r in others.items():
@@ -173,9 +173,8 @@ class PartnerChooser:
         pick = shifted_partner(live, self.self_id, own_version)
         if pick not in weights:
             return None
-        rates = [h.rate_bps for pid, h in self.history.items() if pid in weights and h.rate_bps]
-        rate = self.history.get(pick, _PeerHistory()).rate_bps
-        return None if rate and rates and rate * SLOW_PARTNER < statistics.median(rates) else pick
+        rate, median = self.history.get(pick, _PeerHistory()).rate_bps, self.measured_rate(among=weights)
+        return None if rate and median and rate * SLOW_PARTNER < median else pick
 
     def succeeded(self, peer_id: str, nbytes: int, seconds: float) -> None:
         h = self.history.setdefault(peer_id, _PeerHistory())
@@ -183,9 +182,10 @@ class PartnerChooser:
         h.rate_bps = rate if h.rate_bps is None else (1 - RATE_SMOOTHING) * h.rate_bps + RATE_SMOOTHING * rate
         h.failures, h.retry_after = 0, 0.0
 
-    def measured_rate(self) -> float | None:
-        """The median download rate measured from partners, bytes per second (None: none yet)."""
-        rates = [h.rate_bps for h in self.history.values() if h.rate_bps]
+    def measured_rate(self, among: Iterable[str] | None = None) -> float | None:
+        """The median download rate measured from partners (those `among`, else all), bytes per
+        second (None: none measured yet)."""
+        rates = [h.rate_bps for pid, h in self.history.items() if h.rate_bps and (among is None or pid in among)]
         return statistics.median(rates) if rates else None
 
     def exclude(self, peer_id: str) -> bool:

@@ -37,8 +37,6 @@ class Publisher:
         self.server, self.outer, self.exchange, self.identity = server, outer, exchange, identity
         self.published_at = 0.0
         """Unix time of the last publish (the phase of the island's rounds, for pacing)."""
-        self.state_bytes = 0
-        """Bytes of the whole state last published (what a partner's fetch of it moves)."""
         self._staging: dict[str, torch.Tensor] = {}
         self.public: PublicState | None = None
         """This island's public state (`exchange="updates"`), from its first publish on."""
@@ -60,12 +58,17 @@ class Publisher:
         s = self.outer.state
         host = {name: self._on_host(name, x) for name, x in self.tensors().items()}
         momentum = self.outer.momentum
-        manifest = self.server.publish(host, s.version, s.tokens, meta=self.identity.meta(),
-                                       codec_of={"m": momentum.codec} if momentum.travels else None)
-        self.state_bytes = manifest.total
+        self.server.publish(host, s.version, s.tokens, meta=self.identity.meta(),
+                            codec_of={"m": momentum.codec} if momentum.travels else None)
         if self.exchange.updates:
             self._advance_public(host["phi"])
         self.published_at = time.time()
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of the whole state served now (what a partner's fetch of it moves; 0 before the first publish)."""
+        latest = self.server.latest()
+        return 0 if latest is None else latest[0].total
 
     def partner_copies(self) -> dict:
         """With `exchange="updates"`, what the gossip worker needs to hold its partners' public states

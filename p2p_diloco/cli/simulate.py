@@ -64,13 +64,9 @@ def simulate(**kw) -> None:
         autocast(resolve_device(train.device), train.precision)
         sim = SimConfig(islands=kw["islands"], methods=tuple(kw["methods"]), tokens=kw["tokens"],
                         time_budget=kw["time_budget"], speeds=kw["speeds"], drop_prob=kw["drop_prob"],
-                        latency_ms=kw["latency_ms"], bandwidth_mbps=_one_or_each(kw["bandwidth_mbps"]),
-                        upload_mbps=_one_or_each(kw["upload_mbps"]), compression=kw["compression"],
+                        latency_ms=kw["latency_ms"], bandwidth_mbps=kw["bandwidth_mbps"],
+                        upload_mbps=kw["upload_mbps"], compression=kw["compression"],
                         mix_delay=kw["mix_delay"], step_seconds=kw["step_seconds"], seed=kw["seed"],
                         update_keep=kw["update_keep"])
         run_simulation(sim, model, train, diloco, data, as_json, jobs, vocab_size=vocab_size)
 
-
-def _one_or_each(rates: tuple[float, ...] | None) -> float | tuple[float, ...] | None:
-    """One rate for every island, or one per island (`SimConfig` checks the count)."""
-    return rates[0] if rates is not None and len(rates) == 1 else rates

@@ -68,6 +68,8 @@ class SimConfig:
         _require(self.latency_ms >= 0, s, "latency_ms", ">= 0", self.latency_ms)
         for name in ("bandwidth_mbps", "upload_mbps"):
             v = getattr(self, name)
+            if isinstance(v, tuple) and len(v) == 1:  # one rate for every island, as a comma list of one gives it
+                object.__setattr__(self, name, v := v[0])
             rates = v if isinstance(v, tuple) else (v,)
             _require((v is None and name == "upload_mbps") or (len(rates) in (1, self.islands) and min(rates) > 0), s,
                      name, f"a rate > 0 or {self.islands} of them", v)
@@ -89,6 +91,4 @@ class SimConfig:
 
 def _of(rates: float | tuple[float, ...], i: int) -> float:
     """Island i's entry of a rate given once for all islands or once per island."""
-    if not isinstance(rates, tuple):
-        return rates
-    return rates[i] if len(rates) > 1 else rates[0]
+    return rates[i] if isinstance(rates, tuple) else rates
