@@ -14,6 +14,7 @@ are constants in `p2p_diloco.choices`. The simulator's own section lives with it
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +91,11 @@ class TrainConfig:
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value (0 disables clipping)."""
     seed: int = 0
-    """Seed for model initialisation and data order."""
+    """Seed for model initialisation and data order: islands of one run share it, and with it their
+    initial weights."""
+    threads: int = 1
+    """torch threads of the island's process (one per island, so islands sharing a machine do not
+    compete for its cores)."""
     device: str = "auto"
     """Where the model, inner optimizer and outer state live: auto|cpu|cuda|cuda:N|mps. Validated for
     syntax here (torch-free); whether the device is there is checked when it is resolved
@@ -105,6 +110,7 @@ class TrainConfig:
                  f"one of {DEVICES_HELP}", self.device)
         _require(self.precision in PRECISIONS, s, "precision", f"one of {PRECISIONS}", self.precision)
         _require(self.batch_size >= 1, s, "batch_size", ">= 1", self.batch_size)
+        _require(isinstance(self.threads, int) and 1 <= self.threads <= 1024, s, "threads", "in [1, 1024]", self.threads)
         _require(0 < self.lr <= 1, s, "lr", "in (0, 1]", self.lr)
         _require(0 <= self.min_lr_ratio <= 1, s, "min_lr_ratio", "in [0, 1]", self.min_lr_ratio)
         _require(self.warmup_steps >= 0, s, "warmup_steps", ">= 0", self.warmup_steps)
@@ -358,3 +364,22 @@ class IslandConfig:
         _require(self.reach in REACH_MODES, s, "reach", f"one of {REACH_MODES}", self.reach)
         _require(0.0 <= self.same_version_wait <= 1.0 and 0.0 <= self.max_stretch <= 1.0, s,
                  "same_version_wait/max_stretch", "in [0, 1]", (self.same_version_wait, self.max_stretch))
+
+
+def to_toml(tables: dict[str, dict[str, Any]]) -> str:
+    """Config sections as the text of a `--config FILE` (`{"model": {"n_layer": 2}, ...}`): for the
+    processes a command starts with settings that have no flag (the demo's and the tests' islands)."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, (str, Path)):
+            return json.dumps(str(v))  # a JSON string is a TOML basic string
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        raise ConfigError(f"{v!r} cannot be written to a config file")
+
+    return "".join(f"[{name}]\n" + "".join(f"{k} = {value(v)}\n" for k, v in table.items())
+                   for name, table in tables.items() if table)

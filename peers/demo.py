@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from p2p_diloco.config import DiLoCoConfig, NetworkConfig
+from p2p_diloco.config import DiLoCoConfig, NetworkConfig, to_toml
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ class DemoConfig:
     compare: bool = False
     local_steps: int = DiLoCoConfig.local_steps
     compression: str = NetworkConfig.compression
+    offload_outer: bool = DiLoCoConfig.offload_outer
     run_id: str = "demo"
     workdir: Path | None = None
     dashboard: bool = False
@@ -60,6 +61,11 @@ class DemoConfig:
         """The islands' `--data` / `--vocab-size`, when set."""
         return ((("--data", self.data) if self.data else ())
                 + (("--vocab-size", str(self.vocab_size)) if self.vocab_size else ()))
+
+    def settings(self) -> dict[str, dict]:
+        """The islands' settings that `join` takes from a config file only."""
+        return {"island": {"eval_every": 5}, "network": {"compression": self.compression},
+                "diloco": {"offload_outer": self.offload_outer}}
 
     def island_command(self) -> tuple[str, ...]:
         """How the islands are started: `join`, or `bench member` with its link emulated."""
@@ -112,13 +118,19 @@ def _signals(handler) -> Iterator[None]:
 
 
 class Swarm:
-    """A bootstrap node and islands as child processes, each in its own session; `stop()` reaps them all."""
+    """A bootstrap node and islands as child processes, each in its own session; `stop()` reaps them all.
+    `settings`: config sections every island is given in a config file (`islands.toml`)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, settings: dict[str, dict] | None = None) -> None:
         self.workdir = workdir
         self.procs: list[subprocess.Popen] = []
         self.bootstrap_addr: list[str] = []
         self._files: list = []
+        self._config: tuple[str, ...] = ()
+        if settings:
+            path = workdir / "islands.toml"
+            path.write_text(to_toml(settings))
+            self._config = ("--config", str(path))
 
     def _spawn(self, args: list[str], log_name: str, stdout=None) -> subprocess.Popen:
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -146,7 +158,7 @@ class Swarm:
         """An island process: `join` (or `command`, which takes join's options: `bench member ...`)."""
         boot = [a for addr in self.bootstrap_addr for a in ("--bootstrap", addr)]
         out = open(self.workdir / f"{name}.json", "w")
-        return self._spawn(_cli(*command, *boot, "--run-dir", str(self.workdir / name), "--name", name, "--json",
+        return self._spawn(_cli(*self._config, *command, *boot, "--run-dir", str(self.workdir / name), "--name", name, "--json",
                                 *args), f"{name}.log", stdout=out)
 
     def stop(self, grace: float = 10.0) -> None:
@@ -194,11 +206,11 @@ def run_swarm(cfg: DemoConfig) -> tuple[Path, list[str], list[dict]]:
     """Start the bootstrap node and the islands, wait until they finish; returns their summaries."""
     workdir = cfg.workdir or Path(tempfile.mkdtemp(prefix="p2p-diloco-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    swarm = Swarm(workdir)
+    swarm = Swarm(workdir, cfg.settings())
     names = [f"island-{i}" for i in range(cfg.islands)]
     limit_args = ["--max-tokens", str(cfg.max_tokens)] if cfg.max_tokens else ["--max-seconds", str(cfg.minutes * 60)]
-    args = ["--run-id", cfg.run_id, *limit_args, "-H", str(cfg.local_steps), "--compression", cfg.compression,
-            "--eval-every", "5", "--wait-for", str(cfg.islands), *cfg.data_args(), *cfg.extra_args]
+    args = ["--run-id", cfg.run_id, *limit_args, "-H", str(cfg.local_steps), "--wait-for", str(cfg.islands),
+            *cfg.data_args(), *cfg.extra_args]
     stop_follow = threading.Event()
     with _signals(_exit_on_signal):  # SIGTERM and SIGHUP end the demo as Ctrl+C does: through `finally`
         try:

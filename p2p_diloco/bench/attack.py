@@ -33,10 +33,10 @@ def _run(workdir: Path, honest: int, poison: str | None, tokens: int, latency_ms
          bandwidth_mbps: float) -> tuple[list[str], str | None]:
     """One swarm to the end; returns the honest islands' names and the hostile island's peer id."""
     workdir.mkdir(parents=True, exist_ok=True)
-    swarm = Swarm(workdir)
+    swarm = Swarm(workdir, {"island": {"eval_every": 5}})
     names = [f"honest-{i}" for i in range(honest)]
     size = honest + (poison is not None)
-    args = ["--run-id", "attack", "--max-tokens", str(tokens), "--eval-every", "5", "--wait-for", str(size), "--quiet"]
+    args = ["--run-id", "attack", "--max-tokens", str(tokens), "--wait-for", str(size), "--quiet"]
     member = ("bench", "member", "--latency-ms", str(latency_ms), "--bandwidth-mbps", str(bandwidth_mbps))
     try:
         swarm.start_bootstrap()

@@ -31,8 +31,7 @@ SECTIONS = {"model": cfg.ModelConfig, "train": cfg.TrainConfig, "diloco": cfg.Di
 """Config sections a file may set, by table name (the names the configs' own errors use)."""
 SECTION_COMMANDS = ("join", "bench.member")
 """The commands the config sections configure."""
-OPTION_OF = {("model", "size"): "model_size", ("network", "fetch_timeout_s"): "fetch_timeout",
-             ("discovery", "port"): "dht_port", ("island", "port"): "port", ("discovery", "host"): "host",
+OPTION_OF = {("model", "size"): "model_size", ("island", "port"): "port", ("discovery", "host"): "host",
              ("discovery", "announce_host"): "announce_host"}
 """Section fields whose `join` option has another name (or whose name another section's option takes)."""
 
@@ -134,6 +133,12 @@ def default_map(root: click.Group, tables: dict) -> tuple[dict, dict[str, dict]]
         defaults, advanced = option_defaults(group.commands[name], found)
         slot[name] = {**defaults, **slot.get(name, {})}  # the command's own table wins over the sections
     return out, advanced
+
+
+def advanced_field(section: str, field: str) -> object | None:
+    """The config file's `[section] field` when no option sets it (None when the file does not)."""
+    ctx = click.get_current_context(silent=True)
+    return None if ctx is None else ctx.meta.get(ADVANCED, {}).get(section, {}).get(field)
 
 
 def apply_advanced(configs: dict[str, object]) -> dict[str, object]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from p2p_diloco.cli.options import data_options, device_options, user_errors
+from p2p_diloco.cli.options import data_options, device_options, offload_option, user_errors
 from p2p_diloco.config import TrainConfig
 from p2p_diloco.peers.demo import DemoConfig
 
@@ -23,6 +23,7 @@ from p2p_diloco.peers.demo import DemoConfig
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @data_options
 @device_options
+@offload_option
 def demo(islands, minutes, latency_ms, bandwidth_mbps, compare, workdir, as_json, data, vocab_size, device, precision,
          offload_outer) -> None:
     """Run a local swarm: a bootstrap node and islands as processes on 127.0.0.1, then a summary."""
@@ -36,10 +37,9 @@ def demo(islands, minutes, latency_ms, bandwidth_mbps, compare, workdir, as_json
         autocast(resolve_device(train.device), train.precision)  # fails here, in one line, before any process starts
         load_corpus(data, vocab_size)  # so does data that cannot be read
     # each island resolves the same spec itself (`auto` on its own machine, as `join` would)
-    device_args = ("--device", device, "--precision", precision,
-                   "--offload-outer" if offload_outer else "--no-offload-outer")
+    device_args = ("--device", device, "--precision", precision)
     cfg = DemoConfig(islands=islands, minutes=minutes, latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps,
-                     compare=compare, workdir=Path(workdir) if workdir else None,
+                     compare=compare, offload_outer=offload_outer, workdir=Path(workdir) if workdir else None,
                      dashboard=not as_json and should_use_dashboard(), extra_args=device_args, data=data,
                      vocab_size=vocab_size)
     try:

@@ -45,20 +45,21 @@ def csv(kind: type) -> Callable:
     return parse
 
 
-class DeviceUnavailable(click.ClickException):
-    """A `--device`/`--precision` this machine cannot run: one line, exit code 2 like any bad option value."""
+class BadSetting(click.ClickException):
+    """A setting this machine cannot run or a config value out of range: one line, exit code 2 like any
+    bad option value."""
 
     exit_code = 2
 
 
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """The project's own errors become readable click errors (no traceback): exit code 2 for an unusable
-    device (a bad option value), 1 for the rest."""
+    """The project's own errors become readable click errors (no traceback): exit code 2 for a bad
+    setting (an unusable device, a config value out of range), 1 for the rest."""
     try:
         yield
-    except DeviceError as e:
-        raise DeviceUnavailable(str(e)) from e
+    except (DeviceError, ConfigError) as e:
+        raise BadSetting(str(e)) from e
     except P2PDiLoCoError as e:
         raise click.ClickException(str(e)) from e
 
@@ -110,14 +111,18 @@ def model_options(f: Callable) -> Callable:
     """Options shared by every command that builds a model and reads data."""
     f = click.option("--model", "model_size", type=click.Choice(sorted(MODEL_PRESETS)), default=M.size,
                      show_default=True, help="Model preset.")(f)
-    f = click.option("--n-layer", type=int, default=M.n_layer, help="Override the preset's number of blocks.")(f)
-    f = click.option("--n-embd", type=int, default=M.n_embd, help="Override the preset's width.")(f)
-    f = click.option("--n-head", type=int, default=M.n_head, help="Override the preset's attention heads.")(f)
-    f = click.option("--block-size", type=int, default=M.block_size, help="Override the preset's context length.")(f)
     f = data_options(f)
     f = click.option("--batch-size", type=int, default=T.batch_size, show_default=True, help="Sequences per inner step.")(f)
     f = click.option("--lr", type=float, default=T.lr, show_default=True, help="Peak inner AdamW learning rate.")(f)
     return f
+
+
+def model_shape_options(f: Callable) -> Callable:
+    """The preset's shape, overridden (`simulate`; `join` takes them from the config file's [model] table)."""
+    f = click.option("--n-layer", type=int, default=M.n_layer, help="Override the preset's number of blocks.")(f)
+    f = click.option("--n-embd", type=int, default=M.n_embd, help="Override the preset's width.")(f)
+    f = click.option("--n-head", type=int, default=M.n_head, help="Override the preset's attention heads.")(f)
+    return click.option("--block-size", type=int, default=M.block_size, help="Override the preset's context length.")(f)
 
 
 REMOVED_MODES = "its figures are in BENCHMARKS.md, 'Modes removed'"
@@ -139,14 +144,14 @@ class Retiring(click.Choice):
         return super().convert(value, param, ctx)
 
 
-def retired_option(decl: str, replacement: str, figures: bool = True, **kw: Any) -> Callable:
+def retired_option(decl: str, replacement: str, figures: bool = True, status: str = "was removed", **kw: Any) -> Callable:
     """A removed option, hidden: given on the command line or in a config file, it is a one-line
     usage error naming its replacement (and, for a removed mode, where its figures are), instead of
     click's bare "no such option"."""
 
     def refuse(_ctx, param, value):
         if value is not None:
-            raise click.UsageError(f"{param.opts[0]} was removed: {replacement}" + (f" ({REMOVED_MODES})" if figures else ""))
+            raise click.UsageError(f"{param.opts[0]} {status}: {replacement}" + (f" ({REMOVED_MODES})" if figures else ""))
 
     return click.option(decl, default=None, hidden=True, expose_value=False, callback=refuse, **kw)
 
@@ -154,13 +159,9 @@ def retired_option(decl: str, replacement: str, figures: bool = True, **kw: Any)
 def diloco_options(f: Callable) -> Callable:
     """Options of the outer loop, shared by `simulate` and `join`."""
     f = click.option("--local-steps", "-H", type=int, default=D.local_steps, show_default=True, help="H: inner steps per round.")(f)
-    f = click.option("--outer-lr", type=float, default=D.outer_lr, show_default=True, help="Outer Nesterov learning rate.")(f)
-    f = click.option("--outer-momentum", type=float, default=D.outer_momentum, show_default=True, help="Outer Nesterov momentum.")(f)
     f = click.option("--momentum", type=Retiring(MOMENTUM_MODES, RETIRED_MOMENTUM), default=D.momentum,
                      show_default=True, help="How outer momentum travels: in 4 bits, mixed and rescaled (the default), "
                                              "in signs, or kept local (docs/DESIGN.md, section 2.2).")(f)
-    f = click.option("--final-mix/--no-final-mix", default=D.final_mix, show_default=True,
-                     help="When the budget is spent, mix one partner's last state before the final checkpoint.")(f)
     f = click.option("--exchange", type=click.Choice(EXCHANGES), default=D.exchange, show_default=True,
                      help="Send the whole state each round, or compressed updates of a public state (error "
                           "feedback; the ring of peer ids picks partners; momentum stays local).")(f)
@@ -170,6 +171,15 @@ def diloco_options(f: Callable) -> Callable:
     f = retired_option("--mix-pseudo-gradient/--no-mix-pseudo-gradient",
                        "pseudo-gradients are never averaged; drop the option")(f)
     return f
+
+
+def outer_step_options(f: Callable) -> Callable:
+    """The outer step's settings as options (`simulate`, for measuring them; `join` takes them from the
+    config file's [diloco] table)."""
+    f = click.option("--outer-lr", type=float, default=D.outer_lr, show_default=True, help="Outer Nesterov learning rate.")(f)
+    f = click.option("--outer-momentum", type=float, default=D.outer_momentum, show_default=True, help="Outer Nesterov momentum.")(f)
+    return click.option("--final-mix/--no-final-mix", default=D.final_mix, show_default=True,
+                        help="When the budget is spent, mix one partner's last state before the final checkpoint.")(f)
 
 
 def gossip_tuning_options(f: Callable) -> Callable:
@@ -182,10 +192,12 @@ def gossip_tuning_options(f: Callable) -> Callable:
     return f
 
 
-def config_file_option(name: str, section: str) -> Callable:
-    """A flag `join` no longer takes: the field is set in the config file's `[section]` table."""
-    flag = "--" + name.replace("_", "-")
-    return retired_option(flag, f"set {name} in the config file's [{section}] table (--config FILE)", figures=False)
+def config_file_option(flag: str, section: str, field: str | None = None) -> Callable:
+    """A flag `join` does not take: `field` (default: the flag's name) is set in the config file's
+    `[section]` table."""
+    field = field or flag[2:].replace("-", "_")
+    return retired_option(flag, f"set {field} in its [{section}] table (p2p-diloco --config FILE join ...)",
+                          figures=False, status="is set in a config file only")
 
 
 def _device_spec(_ctx, param, value: str) -> str:
@@ -197,28 +209,27 @@ def _device_spec(_ctx, param, value: str) -> str:
 
 
 def device_options(f: Callable) -> Callable:
-    """`--device`, `--precision` and `--offload-outer`: where training runs and in which precision (applied
-    last to first, so `--help` lists them in this order)."""
-    f = click.option("--offload-outer/--no-offload-outer", default=D.offload_outer, show_default=True,
-                     help="Keep the anchor and outer momentum in host memory (saves accelerator memory).")(f)
+    """`--device` and `--precision`: where training runs and in which precision (applied last to first,
+    so `--help` lists them in this order)."""
     f = click.option("--precision", type=click.Choice(PRECISIONS), default=T.precision, show_default=True,
                      help="bf16: forward and backward under bf16 autocast; weights and optimizer state stay fp32.")(f)
-    f = click.option("--device", default=T.device, show_default=True, callback=_device_spec, metavar="DEVICE",
-                     help="Where the model, inner optimizer and outer state live: auto (CUDA when available), cpu, "
-                          "cuda, cuda:N, mps.")(f)
-    return f
+    return click.option("--device", default=T.device, show_default=True, callback=_device_spec, metavar="DEVICE",
+                        help="Where the model, inner optimizer and outer state live: auto (CUDA when available), cpu, "
+                             "cuda, cuda:N, mps.")(f)
+
+
+def offload_option(f: Callable) -> Callable:
+    """`--offload-outer` (`simulate`, `demo`; `join` takes it from the config file's [diloco] table)."""
+    return click.option("--offload-outer/--no-offload-outer", default=D.offload_outer, show_default=True,
+                        help="Keep the anchor and outer momentum in host memory (saves accelerator memory).")(f)
 
 
 def network_options(f: Callable) -> Callable:
-    """Options of the state exchange: codec, upload cap, swarm secret, timeout."""
-    f = codec_option(help="Codec of the published state (the receiver always accumulates in fp32).")(f)
+    """Options of the state exchange a user sets: the upload cap and the swarm secret."""
     f = click.option("--max-upload-mbps", type=float, default=N.max_upload_mbps,
                      help="Cap on what this island's server sends, Mbit/s.")(f)
-    f = secret_options("Swarm secret; islands without it can neither fetch nor inject state, nor see or join the "
-                       "member list.")(f)
-    f = click.option("--fetch-timeout", type=float, default=N.fetch_timeout_s, show_default=True,
-                     help="Give up on a partner that sends nothing for this many seconds.")(f)
-    return f
+    return secret_options("Swarm secret; islands without it can neither fetch nor inject state, nor see or join the "
+                          "member list.")(f)
 
 
 def secret_options(help: str) -> Callable:
@@ -273,14 +284,15 @@ def swarm_secret(kw: dict) -> str | None:
 
 
 def build_configs(kw: dict) -> tuple[ModelConfig, TrainConfig, DiLoCoConfig]:
-    """Turn parsed model/train/outer options into validated config dataclasses (pops what it uses)."""
-    model = ModelConfig(size=kw.pop("model_size"), n_layer=kw.pop("n_layer"), n_embd=kw.pop("n_embd"),
-                        n_head=kw.pop("n_head"), block_size=kw.pop("block_size"))
+    """Turn parsed model/train/outer options into validated config dataclasses (pops what it uses; a
+    command without an option gets the field's default)."""
+    model = ModelConfig(size=kw.pop("model_size"), n_layer=kw.pop("n_layer", None), n_embd=kw.pop("n_embd", None),
+                        n_head=kw.pop("n_head", None), block_size=kw.pop("block_size", None))
     train = TrainConfig(batch_size=kw.pop("batch_size"), lr=kw.pop("lr"), seed=kw.get("seed", T.seed),
                         device=kw.pop("device", T.device), precision=kw.pop("precision", T.precision))
-    diloco = DiLoCoConfig(local_steps=kw.pop("local_steps"), outer_lr=kw.pop("outer_lr"),
-                          outer_momentum=kw.pop("outer_momentum"), momentum=kw.pop("momentum"),
-                          final_mix=kw.pop("final_mix"), mix_weight=kw.pop("mix_weight", D.mix_weight),
+    diloco = DiLoCoConfig(local_steps=kw.pop("local_steps"), outer_lr=kw.pop("outer_lr", D.outer_lr),
+                          outer_momentum=kw.pop("outer_momentum", D.outer_momentum), momentum=kw.pop("momentum"),
+                          final_mix=kw.pop("final_mix", D.final_mix), mix_weight=kw.pop("mix_weight", D.mix_weight),
                           max_staleness=kw.pop("max_staleness", D.max_staleness),
                           offload_outer=kw.pop("offload_outer", D.offload_outer), exchange=kw.pop("exchange"),
                           update_codec=kw.pop("update_codec"))
@@ -289,8 +301,7 @@ def build_configs(kw: dict) -> tuple[ModelConfig, TrainConfig, DiLoCoConfig]:
 
 def network_config(kw: dict) -> NetworkConfig:
     """A validated `NetworkConfig` from the `network_options` (pops what it uses)."""
-    return NetworkConfig(compression=kw.pop("compression"), max_upload_mbps=kw.pop("max_upload_mbps"),
-                         fetch_timeout_s=kw.pop("fetch_timeout"))
+    return NetworkConfig(max_upload_mbps=kw.pop("max_upload_mbps"))
 
 
 def discovery_options(required: bool = False) -> Callable:

@@ -8,7 +8,7 @@ import click
 
 from p2p_diloco.cli.options import (
     build_configs, codec_option, csv, device_options, diloco_options, gossip_tuning_options, model_options,
-    retired_option, user_errors
+    model_shape_options, offload_option, outer_step_options, retired_option, user_errors
 )
 from p2p_diloco.sim.config import SIM_METHODS, SimConfig
 
@@ -17,9 +17,12 @@ S = SimConfig
 
 @click.command()
 @model_options
+@model_shape_options
 @diloco_options
+@outer_step_options
 @gossip_tuning_options
 @device_options
+@offload_option
 @click.option("--islands", "-k", type=int, default=S.islands, show_default=True, help="K: number of islands.")
 @click.option("--method", "methods", default=",".join(S.methods), show_default=True, callback=csv(str),
               help=f"Comma list of {', '.join(SIM_METHODS)}: gossip DiLoCo, synchronous DiLoCo, data parallel.")

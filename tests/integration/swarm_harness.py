@@ -14,20 +14,26 @@ import sys
 from pathlib import Path
 
 from discovery_harness import Bootstrap, free_port_pair, wait_until  # noqa: F401  (re-exported)
+from p2p_diloco.config import to_toml
 from p2p_diloco.peers.metrics import read_metrics
 
-SMALL_MODEL = ["--n-layer", "2", "--n-embd", "64", "--n-head", "4", "--block-size", "64", "--batch-size", "8"]
+SMALL_MODEL = {"n_layer": 2, "n_embd": 64, "n_head": 4, "block_size": 64}
+"""The islands' model ([model] in their config file), with `--batch-size 8`."""
 
 
 class IslandProc:
     def __init__(self, procs, tmp: Path, name: str, bootstrap: list[str], *args: str, discovery: str = "zmq",
                  run_id: str = "swarm", launcher: list[str] | None = None, run_dir: Path | None = None,
-                 command: tuple[str, ...] = ("join",)) -> None:
-        """`command`: `join`, or `("bench", "member")` for an island with faults injected."""
+                 command: tuple[str, ...] = ("join",), every: int = 2, settings: dict[str, dict] | None = None) -> None:
+        """`command`: `join`, or `("bench", "member")` for an island with faults injected; `every`: rounds
+        between evaluations and checkpoints; `settings`: more config sections for its config file."""
         self.name, self.run_dir = name, run_dir or tmp / name
-        cmd = [*(launcher or [sys.executable]), "-m", "p2p_diloco", *command, "--run-id", run_id, "--discovery", discovery,
-               "--run-dir", str(self.run_dir), "--name", name, "--json", "--eval-every", "2", "--checkpoint-every", "2",
-               *SMALL_MODEL, *args]
+        config = tmp / f"{name}.toml"
+        config.write_text(to_toml({"model": SMALL_MODEL, "island": {"eval_every": every, "checkpoint_every": every},
+                                   **(settings or {})}))
+        cmd = [*(launcher or [sys.executable]), "-m", "p2p_diloco", "--config", str(config), *command, "--run-id", run_id,
+               "--discovery", discovery, "--run-dir", str(self.run_dir), "--name", name, "--json", "--batch-size", "8",
+               *args]
         for b in bootstrap:
             cmd += ["--bootstrap", b]
         self.log = tmp / f"{name}.{len(list(tmp.glob(name + '.*.log')))}.log"

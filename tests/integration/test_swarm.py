@@ -45,8 +45,9 @@ def test_islands_learn_and_gossip_over_the_dht(procs, tmp_path):
 def test_killed_partner_does_not_stall_the_others(procs, tmp_path):
     """A partner SIGKILLed while it serves (its uplink is slow, so a transfer is always running)."""
     _, entry = start_bootstrap(procs, tmp_path)
-    victim = IslandProc(procs, tmp_path, "victim", entry, "-H", "10", "--bandwidth-mbps", "1", "--compression", "fp32",
-                        command=("bench", "member"))
+    victim = IslandProc(procs, tmp_path, "victim", entry, "-H", "10", "--bandwidth-mbps", "1",
+                        command=("bench", "member"),
+                        settings={"network": {"compression": "fp32"}})
     others = [IslandProc(procs, tmp_path, f"i{k}", entry, "-H", "10", "--max-rounds", "1000") for k in range(2)]
     victim.wait_rounds(2, 90)
     for o in others:
@@ -74,8 +75,7 @@ def test_slow_island_does_not_slow_the_others(procs, tmp_path):
     _, entry = start_bootstrap(procs, tmp_path)
     slow = IslandProc(procs, tmp_path, "slow", entry, "-H", "10", "--slowdown", "10", command=("bench", "member"))
     # no evaluation or checkpoint mid-run: with rounds of ~0.1 s they would be a fifth of the wall time
-    fast = [IslandProc(procs, tmp_path, f"f{k}", entry, "-H", "10", "--max-rounds", "12", "--eval-every", "100",
-                       "--checkpoint-every", "100") for k in range(2)]
+    fast = [IslandProc(procs, tmp_path, f"f{k}", entry, "-H", "10", "--max-rounds", "12", every=100) for k in range(2)]
     for f in fast:
         s = f.summary(180)
         rows = f.rounds()
@@ -217,8 +217,8 @@ def test_islands_on_a_link_too_slow_for_their_state_say_they_train_alone(procs, 
     # (after 10 rounds and 10 s without a mix), with why
     _, entry = start_bootstrap(procs, tmp_path)
     islands = [IslandProc(procs, tmp_path, f"i{k}", entry, "-H", "4", "--max-seconds", "16", "--wait-for", "2",
-                          "--eval-every", "100", "--checkpoint-every", "100", "--bandwidth-mbps", "0.2",
-                          "--latency-ms", "20", command=("bench", "member")) for k in range(2)]
+                          "--bandwidth-mbps", "0.2", "--latency-ms", "20", command=("bench", "member"), every=100)
+               for k in range(2)]
     for isl in islands:
         s = isl.summary(180)
         said = [r["alone"] for r in isl.rounds() if "alone" in r]  # in metrics.jsonl, once per episode

@@ -65,7 +65,7 @@ def _sections(*names: str) -> list:
 SECTIONS = {
     # command: (config sections, first match wins; options named differently from their field)
     "join": (("IslandConfig", "NetworkConfig", "DiLoCoConfig", "TrainConfig", "ModelConfig", "DiscoveryConfig"),
-             {"model_size": "size", "fetch_timeout": "fetch_timeout_s"}),
+             {"model_size": "size"}),
     "simulate": (("SimConfig", "DiLoCoConfig", "TrainConfig", "ModelConfig"), {"model_size": "size"}),
     "demo": (("DemoConfig", "TrainConfig", "DiLoCoConfig"), {}),
     "status": (("DiscoveryConfig",), {"timeout": "connect_timeout"}),
@@ -128,11 +128,46 @@ def test_config_sections_set_every_field_of_join_below_its_flags(tmp_path, monke
     assert seen["discovery"].run_id == "from-table"  # the command's own table beats the section
     bad = write(tmp_path, "[diloco]\nmax_token_ratio = 0.5\n")
     r = CliRunner().invoke(main, ["--config", bad, "join", "--device", "cpu"])
-    assert r.exit_code == 1 and "diloco.max_token_ratio" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 2 and "diloco.max_token_ratio" in r.output and "Traceback" not in r.output
 
 
-@pytest.mark.parametrize("flag, table", [("--same-version-wait", "[island]"), ("--max-stretch", "[island]"),
-                                         ("--mix-weight", "[diloco]"), ("--max-staleness", "[diloco]")])
-def test_an_expert_flag_of_join_names_its_config_table(flag, table):
-    r = CliRunner().invoke(main, ["join", flag, "0.3"])
-    assert r.exit_code == 2 and f"config file's {table} table" in r.output and "Traceback" not in r.output
+def test_settings_without_a_join_flag_come_from_the_config_file(tmp_path, monkeypatch):
+    """The model's shape, the seed, threads, the outer step, intervals, codec, timeout and DHT port:
+    set in the file, they reach the configs `join` builds (and torch's thread count)."""
+    import torch
+
+    seen = {}
+    monkeypatch.setattr("p2p_diloco.peers.process.run_island",
+                        lambda *configs, **kw: (seen.update(zip(("island", "model", "train", "diloco", "network",
+                                                                 "discovery"), configs)), (0, {}))[1])
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: seen.update(threads=n))
+    config = write(tmp_path, "[model]\nn_layer = 2\nblock_size = 32\n[train]\nseed = 5\nthreads = 3\n"
+                             "[diloco]\nouter_lr = 0.5\nfinal_mix = false\nround_seconds = 4.0\n"
+                             "[island]\neval_every = 7\ncheckpoint_every = 9\n"
+                             "[network]\ncompression = 'fp16'\nfetch_timeout_s = 30.0\n[discovery]\nport = 7500\n")
+    r = CliRunner().invoke(main, ["--config", config, "join", "--device", "cpu", "--port", "7000", "--max-rounds", "4"])
+    assert r.exit_code == 0, r.output
+    assert seen["model"].resolved()["n_layer"] == 2 and seen["train"].seed == 5 and seen["threads"] == 3
+    assert seen["train"].total_steps == 4 * seen["diloco"].local_steps  # the schedule spans --max-rounds
+    d, i, n = seen["diloco"], seen["island"], seen["network"]
+    assert (d.outer_lr, d.final_mix, d.round_seconds) == (0.5, False, 4.0)
+    assert (i.eval_every, i.checkpoint_every, n.compression, n.fetch_timeout_s) == (7, 9, "fp16", 30.0)
+    assert (i.port, seen["discovery"].port, seen["discovery"].px_port) == (7000, 7500, 7002)
+    clash = write(tmp_path, "[discovery]\nport = 7002\n")
+    r = CliRunner().invoke(main, ["--config", clash, "join", "--device", "cpu", "--port", "7000"])
+    assert r.exit_code == 2 and "[discovery] port" in r.output and "Traceback" not in r.output, r.output
+
+
+def _config_file_only():
+    from p2p_diloco.cli.join import CONFIG_FILE_ONLY
+
+    return CONFIG_FILE_ONLY
+
+
+@pytest.mark.parametrize("flag, section, field", _config_file_only())
+def test_a_flag_join_does_not_take_names_its_config_table(flag, section, field):
+    given = flag.split("/")[-1]  # --no-final-mix as well as --final-mix
+    r = CliRunner().invoke(main, ["join", given] + ([] if "/" in flag else ["3"]))
+    field = field or flag[2:].replace("-", "_")
+    assert r.exit_code == 2 and f"set {field} in its [{section}] table" in r.output, r.output
+    assert "Traceback" not in r.output
