@@ -8,8 +8,9 @@ from __future__ import annotations
 
 MOMENTUM_MODES = ("rescaled-int4", "rescaled-sign", "local")
 """How outer momentum travels (`p2p_diloco.core.modes.Momentum`)."""
-EXCHANGES = ("state", "updates")
-"""What an island sends: its whole state, or updates of a public state (`p2p_diloco.core.modes.Exchange`)."""
+EXCHANGES = ("auto", "state", "updates")
+"""What an island sends: whichever fits the measured link, its whole state, or updates of a public state
+(`p2p_diloco.core.modes.Exchange`)."""
 UPDATE_CODECS = ("sign", "int4")
 """Codecs a public state's updates travel in (`p2p_diloco.core.public`)."""
 CODECS = ("fp32", "bf16", "fp16", "int8", "int4")

@@ -54,6 +54,10 @@ class ConnectionLost(TransportError):
     """The connection to a peer dropped in the middle of an exchange."""
 
 
+class FetchCancelled(TransportError):
+    """The fetch was given up by the island itself (`Fetcher.cancel`), not by the link or the peer."""
+
+
 class VersionGone(TransportError):
     """The snapshot being fetched was replaced and is no longer served; fetch the new one."""
 

@@ -47,6 +47,9 @@ class PartnerChecks:
         info = {"partner": result.peer_id, "fetch_s": round(result.seconds, 3), "wait_s": round(result.waited_s, 3),
                 "bytes_in": result.nbytes}
         if result.snapshot is None:
+            if result.cancelled:  # this island gave it up (`--exchange auto`): no fault of the partner's
+                info["cancelled"] = result.error
+                return None, info
             info["fetch_error"] = result.error
             if result.bad_state:
                 return self.refuse(result.peer_id, result.error, info)

@@ -32,7 +32,7 @@ from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.core.params import weights_digest
 from p2p_diloco.core.public import PublicCopies, PublicCopy
 from p2p_diloco.discovery.records import IslandRecord
-from p2p_diloco.errors import BadPayload, CodecError, TransportError
+from p2p_diloco.errors import BadPayload, CodecError, FetchCancelled, TransportError
 from p2p_diloco.exchange.linkemu import EmulatedLink
 
 if TYPE_CHECKING:
@@ -59,6 +59,10 @@ class FetchResult:
     """The partner pushed this state to us (`peers.reach.PushInbox`) rather than us fetching it."""
     public: PublicCopy | None = None
     """The partner's public state, brought up to date by this fetch (`exchange="updates"`)."""
+    rate_bps: float = 0.0
+    """The link's rate the transfer showed, bytes per second, measured between its chunks (`core.linkfit`)."""
+    cancelled: bool = False
+    """The island gave the fetch up itself (`GossipWorker.cancel`): neither the link's fault nor the partner's."""
 
 
 class GossipWorker:
@@ -95,9 +99,10 @@ class GossipWorker:
         with self._lock:
             return self._result is not None
 
-    def start(self, partner: IslandRecord, min_version: int = 0, wait_until: float = 0.0) -> bool:
+    def start(self, partner: IslandRecord, min_version: int = 0, wait_until: float = 0.0, updates: bool = True) -> bool:
         """Begin fetching `partner`'s snapshot in the background; False if a fetch is still running or
-        its result has not been taken.
+        its result has not been taken. `updates=False`: its whole state, though this island holds
+        public states (`--exchange auto` on a fast link).
 
         With `min_version`, the partner holds its answer until it has published that version or
         `time.monotonic()` passes `wait_until`, then sends whatever it has (`hello.want`,
@@ -106,12 +111,12 @@ class GossipWorker:
         """
         if self.busy or self._closed or self.has_result:
             return False
-        self._thread = threading.Thread(target=self._fetch, args=(partner, min_version, wait_until),
+        self._thread = threading.Thread(target=self._fetch, args=(partner, min_version, wait_until, updates),
                                         name=f"gossip-{partner.peer_id[:8]}", daemon=True)
         self._thread.start()
         return True
 
-    def _fetch(self, partner: IslandRecord, min_version: int, wait_until: float) -> None:
+    def _fetch(self, partner: IslandRecord, min_version: int, wait_until: float, updates: bool) -> None:
         from p2p_diloco.exchange.client import Fetcher
 
         started = time.monotonic()
@@ -121,7 +126,7 @@ class GossipWorker:
             with Fetcher(self.relay if via_relay else partner.endpoint, self.network, secret=self.secret, link=self.link,
                          peer=partner.peer_id if via_relay else None) as fetcher:
                 self._running = (started, fetcher)
-                public = self.copies is not None and not via_relay
+                public = self.copies is not None and updates and not via_relay
                 wait = partner.version < min_version and wait_until > started  # the server holds its answer
                 snap = fetcher.fetch(self.timeout_s, decode=False,  # decoded slice by slice as it is mixed
                                      pub=public, held=self.copies.asking(partner.peer_id) if public else None,
@@ -132,7 +137,7 @@ class GossipWorker:
                 with self._lock:  # handed over at once: mixing need not wait for our push
                     self._result = FetchResult(partner.peer_id, snap, None, snap.seconds, snap.wire_bytes,
                                                waited_s=time.monotonic() - started - snap.seconds,
-                                               distance=distance, public=copy)
+                                               distance=distance, public=copy, rate_bps=_rate(snap.stats))
                     self._finished.set()
                 handed = True
                 if not via_relay:
@@ -142,7 +147,7 @@ class GossipWorker:
             self._running = None
             log.info("exchange with %s at %s failed: %s", partner.peer_id[:8], partner.endpoint, e)
             result = FetchResult(partner.peer_id, None, f"{type(e).__name__}: {e}", time.monotonic() - started, 0,
-                                 bad_state=isinstance(e, BadPayload))
+                                 bad_state=isinstance(e, BadPayload), cancelled=isinstance(e, FetchCancelled))
         except Exception as e:  # a bug must not kill the island; it costs this exchange and is logged loudly
             self._running = None
             log.exception("fetch from %s crashed", partner.peer_id[:8])
@@ -153,10 +158,21 @@ class GossipWorker:
             self._result = result
             self._finished.set()
 
-    def progress(self) -> tuple[float, int] | None:
-        """The running fetch's seconds so far and the bytes it received (None when none runs)."""
+    def cancel(self) -> bool:
+        """Give up the running fetch (it ends with a `cancelled` result at its next chunk); False if none runs."""
         running = self._running
-        return None if running is None else (time.monotonic() - running[0], running[1].wire_bytes)
+        if running is None:
+            return False
+        running[1].cancel()
+        return True
+
+    def progress(self) -> tuple[float, int, float, float] | None:
+        """The running fetch's seconds so far, the bytes it received, the seconds since its first chunk
+        and its data rate since (NaN before a second chunk); None when none runs."""
+        running = self._running
+        if running is None:
+            return None
+        return (time.monotonic() - running[0], running[1].wire_bytes, *running[1].data_progress())
 
     def push_to_relay(self) -> None:
         """An outbound-only island with a relay: deliver the state just published there, in the
@@ -253,6 +269,14 @@ class GossipWorker:
         self._closed = True
         if self._thread is not None:
             self._thread.join(timeout)
+
+
+def _rate(stats) -> float:
+    """A fetch's rate between its chunks, else (one chunk) its bytes over its time less a round trip."""
+    for rate in (stats.data_bytes_per_s, stats.transfer_bytes_per_s):
+        if rate == rate and rate > 0:
+            return rate
+    return 0.0
 
 
 def partner_state(snap, expected_numel: int, model: str = "", run: str = "", public: PublicCopy | None = None,

@@ -158,7 +158,8 @@ class SwarmIsland:
         return {"peer_id": self.peer_id, "name": self.name, "version": self.version, "round": self.round,
                 "tokens": self.own_tokens, "partner": t.last_partner, "staleness": t.last_staleness,
                 "mixes": t.mixes, "refused": self.checks.refused, "failed_fetches": t.failed, "too_stale": t.too_stale,
-                "alone": self.alone.reason, "bytes_in": t.bytes_in, "bytes_out": self.bytes_out,
+                "alone": self.alone.reason, "fetches": self.rounds.fetches(), "bytes_in": t.bytes_in,
+                "bytes_out": self.bytes_out,
                 "loss": self.last_loss, "eval_loss": self.eval_loss, "state": self.state, "reach": self.reach.mode}
 
     @property
@@ -318,6 +319,7 @@ class SwarmIsland:
                 "eval_loss": self.eval_loss, "version": self.version, "tokens": self.own_tokens,
                 "rounds": self.round, "mixes": self.tally.mixes, "refused": self.checks.refused,
                 "failed_fetches": self.tally.failed, "too_stale": self.tally.too_stale,
+                "fetched": dict(self.tally.fetched),
                 "alone": self.alone.reason, "alone_episodes": self.alone.episodes, "utilization": self.utilization(),
                 "bytes_in": self.tally.bytes_in, "bytes_out": self.bytes_out, "reach": self.reach.mode,
                 "pushes_sent": self.gossip.pushes["sent"], "pushes_failed": self.gossip.pushes["failed"],
@@ -357,8 +359,8 @@ class SwarmIsland:
                             tokens_per_s=tokens_per_s, loss=self.last_loss, eval_loss=self.eval_loss,
                             state=self.state, upload_bps=up, download_bps=down, bytes_sent=sent,
                             bytes_received=self.tally.bytes_in, last_partner=self.tally.last_partner,
-                            refused=self.checks.refused,
-                            last_refused=self.checks.last_refused, alone=self.alone.reason or "",
+                            refused=self.checks.refused, last_refused=self.checks.last_refused,
+                            alone=self.alone.reason or "", fetches=self.rounds.fetches(),
                             started_at=self.started_at, published_at=self.publisher.published_at,
                             timestamp=time.time(), model=self.identity.model, reach=self.reach.mode)
 

@@ -145,11 +145,12 @@ class PartnerChooser:
         return False
 
     def choose(self, members: dict[str, IslandRecord], own_version: int, min_version: int = 0,
-               skip_recent: bool = False, waits: bool = False) -> IslandRecord | None:
+               skip_recent: bool = False, waits: bool = False, ring: bool | None = None) -> IslandRecord | None:
         """A partner (see the module docstring), or None when there is no candidate. `skip_recent`
         spares the last two partners from the weighted draw, not from the permutation; with `waits`
-        the permutation partner may not have trained yet (the fetch waits until it has)."""
-        if self.ring:  # the successor, whatever version it is at now (the fetch may wait for the one asked)
+        the permutation partner may not have trained yet (the fetch waits until it has); `ring`
+        overrides the chooser's own for this choice (`--exchange auto`, a fetch of updates)."""
+        if self.ring if ring is None else ring:  # the successor, whatever version it is at now (the fetch may wait)
             pick = ring_successor(self.candidates(members, own_version), self.self_id)
             if pick is None:
                 return None

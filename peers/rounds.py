@@ -18,6 +18,7 @@ from typing import Callable
 
 from p2p_diloco.config import DiLoCoConfig, IslandConfig, NetworkConfig
 from p2p_diloco.core.island import OuterLoop
+from p2p_diloco.core.linkfit import LinkFit
 from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.core.schedule import FINAL_MIX_WAIT_S
 from p2p_diloco.discovery.membership import Membership
@@ -67,6 +68,8 @@ class Round:
     """Partners whose state was refused mid-round (the round then looks for another one)."""
     pushed_in: list = field(default_factory=list)
     """States outbound-only members pushed to this island this round: partner, weight, staleness."""
+    gave_way: str | None = None
+    """The partner whose whole state this round gave up for updates (`--exchange auto`)."""
 
     @classmethod
     def begin(cls, same_version_wait: float, last_compute_s: float) -> Round:
@@ -90,6 +93,8 @@ class Tally:
     """Fetches that failed on the way (timeouts, lost connections; not refusals)."""
     too_stale: int = 0
     """Partner states that arrived too stale to weigh anything (more than `max_staleness` behind)."""
+    fetched: dict = field(default_factory=lambda: {"state": 0, "updates": 0})
+    """Fetches that brought a whole state, and public-state updates."""
 
 
 class Rounds:
@@ -105,6 +110,12 @@ class Rounds:
         self.rnd = Round.begin(island.same_version_wait, 0.0)
         self.changed = False
         """The weights changed outside an inner step (a mix, a catch-up): torchrun ranks must sync."""
+        self.fit = LinkFit() if publisher.exchange.adaptive else None
+        """With `--exchange auto`: whole states or updates, from the links measured (`core.linkfit`)."""
+        self.last_round_s = 0.0
+        """How long the previous round took, start to end."""
+        self._running: tuple[str, bool] | None = None
+        """The partner of the fetch started last, and whether it asked for updates."""
 
     def begin(self, last_compute_s: float) -> Round:
         """A new round, now (`last_compute_s`: the inner-step time of the previous one)."""
@@ -135,7 +146,9 @@ class Rounds:
         return time.monotonic() >= rnd.stretch_until
 
     def between_steps(self) -> None:
-        """Keep a fetch going, mix what arrived (fetched or pushed), adopt a finished catch-up."""
+        """Keep a fetch going (one that does not fit the link gives way), mix what arrived (fetched or
+        pushed), adopt a finished catch-up."""
+        self._give_way()
         self._keep_fetching()
         self.rnd.arrived = self.rnd.arrived or self._mix_if_arrived()
         self._mix_pushed()
@@ -163,13 +176,47 @@ class Rounds:
         """
         if self.gossip.busy or self.gossip.has_result:
             return True
-        v = self.outer.state.version
-        members = self.membership.members()
+        v, updates = self.outer.state.version, self._fetch_updates()
+        members, ring = self.membership.members(), None if self.fit is None else updates
         if fresh_until is None:
-            partner = self.chooser.choose(members, v)
-            return partner is not None and self.gossip.start(partner)
-        partner = self.chooser.choose(members, v, min_version=v - 1, skip_recent=True, waits=True)
-        return partner is not None and self.gossip.start(partner, min_version=v, wait_until=fresh_until)
+            partner = self.chooser.choose(members, v, ring=ring)
+            started = partner is not None and self.gossip.start(partner, updates=updates)
+        else:
+            partner = self.chooser.choose(members, v, min_version=v - 1, skip_recent=True, waits=True, ring=ring)
+            started = partner is not None and self.gossip.start(partner, min_version=v, wait_until=fresh_until,
+                                                                updates=updates)
+        if started:
+            self._running = (partner.peer_id, updates)
+        return started
+
+    def _give_way(self) -> None:
+        """With `--exchange auto`: a whole-state fetch that will not fit the link is given up for updates
+        (`LinkFit.give_way`), the rate it showed measured."""
+        progress = self.gossip.progress()
+        if self.fit is None or progress is None or self._running is None or self._running[1]:
+            return
+        _, received, data_s, rate = progress
+        if self.fit.give_way(data_s, rate, received, self.publisher.state_bytes, self.last_round_s) \
+                and self.gossip.cancel():
+            self.fit.measured(self._running[0], rate)
+            self._running = (self._running[0], True)  # (given up: judged once)
+
+    def _fetch_updates(self) -> bool:
+        """Whether the next fetch asks for public-state updates (with a fixed exchange: whenever the
+        island holds public states); with `--exchange auto`, what fits the link, said once when it changes."""
+        if self.fit is None:
+            return True
+        before = self.fit.fit
+        fit, changed = self.fit.choose(self.publisher.state_bytes, self.last_round_s)
+        if changed:
+            level = logging.INFO if before is None else logging.WARNING
+            log.log(level, "%s fetches %s now: %s", self.identity.name,
+                    "public-state updates" if fit.updates else "whole states", fit.reason)
+        return fit.updates
+
+    def fetches(self) -> str:
+        """What the island fetches now and why, for its record ("" with a fixed exchange)."""
+        return "" if self.fit is None or self.fit.fit is None else str(self.fit.fit)
 
     def _take_partner(self, result: FetchResult | None = None) -> tuple[list[PartnerState], dict]:
         """The fetched partner state (or the pushed one given), if one arrived and passed every check
@@ -179,6 +226,11 @@ class Rounds:
             return [], {"partner": None, "fetch_s": None, "bytes_in": 0}
         state, info = self.checks.admit(result)
         self.tally.bytes_in += info["bytes_in"]
+        if result.snapshot is not None and not result.pushed:
+            info["fetched"] = "state" if result.public is None else "updates"
+            self.tally.fetched[info["fetched"]] += 1
+            if self.fit is not None:
+                self.fit.measured(result.peer_id, result.rate_bps)
         if "fetch_error" in info and "refused" not in info:
             self.tally.failed += 1
             self.alone.fetch_failed(info["fetch_error"])
@@ -244,6 +296,10 @@ class Rounds:
             return None
         if info.get("refused"):  # a refused state costs nothing else: look for another partner this round
             self.rnd.refused_from.append(info["partner"])
+            self.rnd.fetching = False
+            return None
+        if info.get("cancelled"):  # a whole state that gave way: fetch updates now
+            self.rnd.gave_way = info["partner"]
             self.rnd.fetching = False
             return None
         info["weight"] = 0.0
@@ -312,9 +368,12 @@ class Rounds:
             info = rnd.arrived
         if rnd.refused_from:
             info["refused_from"] = rnd.refused_from
+        if rnd.gave_way:
+            info["gave_way"] = rnd.gave_way
         if rnd.pushed_in:
             info["pushed_in"] = rnd.pushed_in
-        running_s, received = self.gossip.progress() or (0.0, 0)
+        self.last_round_s = time.monotonic() - rnd.start
+        running_s, received, *_ = self.gossip.progress() or (0.0, 0)
         rate = self.chooser.measured_rate() or (received / running_s if received and running_s > 1 else None)
         link = Link(rate, self.publisher.state_bytes, time.monotonic() - rnd.start, running_s,
                     updates=self.publisher.exchange.updates)

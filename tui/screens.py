@@ -117,7 +117,7 @@ class DetailScreen(Screen):
             ("sent", fmt.size(r.bytes_sent)), ("received", fmt.size(r.bytes_received)),
             ("reach", fmt.REACH.get(r.reach, r.reach)), ("last partner", fmt.short_id(r.last_partner)),
             ("refused", f"{r.refused} states, last from {fmt.short_id(r.last_refused)}" if r.refused else "0"),
-            ("alone", r.alone or "no"),
+            ("alone", r.alone or "no"), ("fetches", r.fetches or "as configured (--exchange state or updates)"),
             ("started", f"{fmt.clock(r.started_at)} ({fmt.duration(now - r.started_at)} ago)" if r.started_at else "-"),
             ("record age", fmt.duration(view.age)),
             ("first seen", f"{fmt.clock(view.first_seen)}"),

@@ -206,6 +206,9 @@ class SwarmState:
                 self.note("alone", f"{view.short_id} trains alone: {rec.alone}", rec.peer_id)
             else:
                 self.note("alone", f"{view.short_id} mixes partners' states again", rec.peer_id)
+        fetched, fetches = view.record.fetches.partition(":")[0], rec.fetches.partition(":")[0]
+        if fetches and fetched and fetches != fetched:
+            self.note("fetches", f"{view.short_id} fetches {rec.fetches}", rec.peer_id)
         old, new = view.record.state, rec.state
         if old == new or {old, new} == {"training", "syncing"}:
             return  # training <-> syncing happens every round: not news

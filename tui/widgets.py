@@ -25,7 +25,7 @@ NUMERIC = {"version", "behind", "age", "tokens_per_s", "loss", "upload", "downlo
 STATE_STYLE = {"joining": "yellow", "training": "green", "alone": "bold yellow", "syncing": "cyan", "leaving": "magenta",
                "left": "dim", "expired": "bold red"}
 LEVEL_STYLE = ("", "yellow", "bold red")
-EVENT_STYLE = {"refused": "bold yellow", "alone": "bold yellow", "join": "green", "rejoin": "green", "state": "cyan", "leaving": "magenta", "left": "magenta",
+EVENT_STYLE = {"refused": "bold yellow", "alone": "bold yellow", "fetches": "cyan", "join": "green", "rejoin": "green", "state": "cyan", "leaving": "magenta", "left": "magenta",
                "expired": "bold red", "behind": "yellow", "caught-up": "green", "connected": "green",
                "disconnected": "bold red", "log": "yellow"}
 

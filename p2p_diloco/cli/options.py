@@ -163,10 +163,11 @@ def diloco_options(f: Callable) -> Callable:
                      show_default=True, help="How outer momentum travels: in 4 bits, mixed and rescaled (the default), "
                                              "in signs, or kept local (docs/DESIGN.md, section 2.2).")(f)
     f = click.option("--exchange", type=click.Choice(EXCHANGES), default=D.exchange, show_default=True,
-                     help="Send the whole state each round, or compressed updates of a public state (error "
-                          "feedback; the ring of peer ids picks partners; momentum stays local).")(f)
+                     help="auto: fetch whole states while one moves in a small share of a round at the measured "
+                          "rate, else compressed updates of a public state; state or updates: always that "
+                          "(updates: error feedback, the ring of peer ids picks partners, momentum stays local).")(f)
     f = click.option("--update-codec", type=Retiring(UPDATE_CODECS, RETIRED_UPDATE_CODECS), default=D.update_codec,
-                     show_default=True, help="Codec of the updates with --exchange updates.")(f)
+                     show_default=True, help="Codec of the updates (--exchange updates or auto).")(f)
     f = retired_option("--mix-at", "a partner's state is always mixed as it arrives; drop --mix-at")(f)
     f = retired_option("--mix-pseudo-gradient/--no-mix-pseudo-gradient",
                        "pseudo-gradients are never averaged; drop the option")(f)

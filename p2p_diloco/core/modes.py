@@ -9,7 +9,8 @@ that runs a round asks that object, never the setting's string:
   magnitude per block; `local` keeps each island's momentum to itself (NoLoCo).
 - `Exchange`: what an island sends. `state`: its whole state each round, partners drawn by
   `peers.partners`; `updates`: compressed updates of a public state (`core.public`), partners on
-  the ring of peer ids, momentum local.
+  the ring of peer ids, momentum local; `auto`: both published, and each fetch takes the whole
+  state or the updates, whichever fits the link the island measured (`core.linkfit`).
 
 What each mode measured, and the variants that were removed, are in BENCHMARKS.md ("Quality:
 momentum that travels", "Bandwidth: sending what changed", "Modes removed").
@@ -62,20 +63,23 @@ class Momentum:
 
 @dataclass(frozen=True)
 class Exchange:
-    """What an island sends: whole states, or `update_codec` updates of a public state."""
+    """What an island sends: whole states, `update_codec` updates of a public state, or both (`adaptive`)."""
 
     name: str
     update_codec: str | None = None
+    adaptive: bool = False
+    """Publish both; each fetch takes whichever fits the measured link (`core.linkfit`)."""
 
     @property
     def updates(self) -> bool:
-        """Public-state updates (`core.public`), not whole states."""
+        """Public-state updates (`core.public`) are published (with `adaptive`, beside the whole state)."""
         return self.update_codec is not None
 
     @property
     def ring(self) -> bool:
-        """Partners follow the ring of peer ids (a receiver then lacks one update per round)."""
-        return self.updates
+        """Every fetch takes updates, from the ring of peer ids (a receiver then lacks one update per
+        round); with `adaptive`, the fetches that take updates do."""
+        return self.updates and not self.adaptive
 
 
 MOMENTA = {"rescaled-int4": Momentum("rescaled-int4", "int4"), "rescaled-sign": Momentum("rescaled-sign", "sign"),
@@ -95,4 +99,4 @@ def exchange_mode(name: str, update_codec: str) -> Exchange:
     if name not in EXCHANGES or update_codec not in UPDATE_CODECS:
         raise ConfigError(f"exchange must be one of {', '.join(EXCHANGES)} and update_codec one of "
                           f"{', '.join(UPDATE_CODECS)}, got {name!r} and {update_codec!r}")
-    return Exchange(name, update_codec if name == "updates" else None)
+    return Exchange(name, None if name == "state" else update_codec, adaptive=name == "auto")

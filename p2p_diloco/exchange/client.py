@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -30,8 +31,8 @@ from zmq.utils.monitor import recv_monitor_message
 
 from p2p_diloco.config import NetworkConfig
 from p2p_diloco.errors import (
-    AuthRefused, BadPayload, ConnectionLost, ProtocolError, ProtocolMismatch, TransportError, TransportTimeout,
-    VersionGone
+    AuthRefused, BadPayload, ConnectionLost, FetchCancelled, ProtocolError, ProtocolMismatch, TransportError,
+    TransportTimeout, VersionGone
 )
 from p2p_diloco.exchange import flowcontrol, payload, wire
 from p2p_diloco.exchange.linkemu import EmulatedLink, pacer
@@ -48,6 +49,7 @@ class FetchStats:
     chunk_bytes: int  # chunk length in use at the end
     chunks: int
     transfer_bytes_per_s: float  # payload bytes / (seconds - rtt_s): the rate once one round trip is paid
+    data_bytes_per_s: float = math.nan  # bytes after the first chunk over the time they took to arrive (NaN: 1 chunk)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,8 @@ class Snapshot:
     manifest: wire.Manifest = field(repr=False)
 
 
+CANCEL_CHECK_S = 0.05
+"""While it waits for a chunk, a fetch looks this often whether it was given up (`Fetcher.cancel`)."""
 VERIFY_BACKLOG = 2
 """Chunks beyond the newest that may wait for their digest check (memory: the window + 3 chunks)."""
 
@@ -85,6 +89,21 @@ class _Transfer:
     chunks: int = 0
     verifying: deque = field(default_factory=deque)
     """Digest and finiteness checks running on the verify thread, oldest first."""
+    first_at: float | None = None
+    """When the first chunk arrived (monotonic), and its bytes: the data rate is measured after it."""
+    first_n: int = 0
+    last_at: float = 0.0
+    received: int = 0
+
+    def arrived(self, n: int, now: float) -> None:
+        if self.first_at is None:
+            self.first_at, self.first_n = now, n
+        self.last_at, self.received = now, self.received + n
+
+    def data_rate(self) -> float:
+        """Bytes per second between the first chunk's arrival and the last one's (NaN before a second)."""
+        span = self.last_at - self.first_at if self.first_at is not None else 0.0
+        return (self.received - self.first_n) / span if span > 0 else math.nan
 
     @classmethod
     def after(cls, hello: wire.Hello, m: wire.Manifest, stall: float) -> _Transfer:
@@ -114,6 +133,8 @@ class Fetcher:
         self.endpoint, self.peer = endpoint, peer
         self.config = config or NetworkConfig()
         self._rid = self.wire_bytes = 0
+        self._transfer: _Transfer | None = None
+        self._cancelled = threading.Event()
         self._up = False
         self._pool: ThreadPoolExecutor | None = None
         self._pacer = pacer(link)
@@ -139,6 +160,18 @@ class Fetcher:
         self._poller.register(self._monitor, zmq.POLLIN)
 
     # -- public -----------------------------------------------------------------------------------
+
+    def data_progress(self) -> tuple[float, float]:
+        """The running fetch's seconds since its first chunk arrived and its data rate since (bytes per
+        second; NaN before a second chunk): for another thread to judge it by (`core.linkfit`)."""
+        tr = self._transfer
+        if tr is None or tr.first_at is None:
+            return 0.0, math.nan
+        return time.monotonic() - tr.first_at, tr.data_rate()
+
+    def cancel(self) -> None:
+        """Give up the running fetch (from another thread): it raises `FetchCancelled` at its next chunk."""
+        self._cancelled.set()
 
     def manifest(self, timeout: float | None = None) -> wire.Manifest:
         """The peer's current manifest (version, tokens, meta, layout) without the payload: one RTT."""
@@ -179,14 +212,17 @@ class Fetcher:
         if (need := m.state_bytes if decode else m.total) > cfg.max_state_bytes:  # what this fetch allocates
             raise BadPayload(f"{self.endpoint} offers {need} bytes of state, over max_state_bytes")
         asm, tr = payload.Assembler(m, keep_encoded=not decode), _Transfer.after(hello, m, time.monotonic() + timeout)
+        self._transfer = tr
         while not asm.done:
+            if self._cancelled.is_set():
+                raise FetchCancelled(f"the fetch from {self.endpoint} was given up after {tr.chunks} chunks")
             tr.collect_done()
             self._request_window(tr, ctl, m)
             reply = self._wait(tr.stall, m, first, timeout)
             if reply.rid >= first:  # else a late answer to an earlier, abandoned exchange
                 self._take_chunk(tr, ctl, asm, m, reply, timeout)
         tr.collect_down_to(0)
-        return self._finished(asm, m, ctl, tr.chunks, time.monotonic() - t0)
+        return self._finished(asm, m, ctl, tr, time.monotonic() - t0)
 
     def _request_window(self, tr: _Transfer, ctl: flowcontrol.WindowController, m: wire.Manifest) -> None:
         """Ask for chunks until the window (and the protocol's request limit) is full."""
@@ -211,6 +247,7 @@ class Fetcher:
             raise ProtocolError(f"{self.endpoint} sent chunk [{reply.offset}, +{reply.length}) of {reply.sid} "
                                 f"(rid {reply.rid}); expected [{off}, +{n}) of {m.sid} (rid {rid})")
         ctl.on_delivery(n, now)
+        tr.arrived(n, now)
         if sent is not None:
             ctl.on_rtt(now - sent)
         tr.chunks, tr.stall = tr.chunks + 1, now + timeout
@@ -219,14 +256,15 @@ class Fetcher:
         tr.in_bytes -= n
         tr.collect_down_to(VERIFY_BACKLOG)
 
-    def _finished(self, asm: payload.Assembler, m: wire.Manifest, ctl: flowcontrol.WindowController, chunks: int,
+    def _finished(self, asm: payload.Assembler, m: wire.Manifest, ctl: flowcontrol.WindowController, tr: _Transfer,
                   seconds: float) -> Snapshot:
         """The whole, checked snapshot, with the link's figures (remembered for the next fetch)."""
         flowcontrol.remember(self.endpoint, ctl.estimate())
         busy = seconds - ctl.min_rtt  # a request's trip out and the last byte's trip back are unavoidable
         stats = FetchStats(rtt_s=ctl.min_rtt, link_bytes_per_s=ctl.bandwidth, peak_window_bytes=ctl.peak_window,
-                           chunk_bytes=ctl.chunk_bytes(m.block), chunks=chunks,
-                           transfer_bytes_per_s=m.total / busy if busy > 0 else math.nan)
+                           chunk_bytes=ctl.chunk_bytes(m.block), chunks=tr.chunks,
+                           transfer_bytes_per_s=m.total / busy if busy > 0 else math.nan, data_bytes_per_s=tr.data_rate())
+        self._transfer = None
         log.debug("fetched version %d from %s: %d bytes in %.3f s", m.version, self.endpoint, m.total, seconds)
         wire_bytes, self.wire_bytes = self.wire_bytes, 0  # this fetch's, and those of manifests polled before it
         return Snapshot(tensors=asm.result(), version=m.version, tokens=m.tokens, meta=dict(m.meta),
@@ -330,11 +368,14 @@ class Fetcher:
                 try:  # data is usually waiting already: skip the poll
                     frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
+                    if self._cancelled.is_set():
+                        raise FetchCancelled(f"the fetch from {self.endpoint} was given up") from None
                     if now >= stall:
                         raise TransportTimeout(f"no answer from {self.endpoint} for {timeout:g} s"
                                                + ("" if m is None else " in the middle of a transfer")) from None
                     due = self._pacer.next_due()
                     wait = stall - now if due is None else min(stall - now, max(0.0, due - now))
+                    wait = min(wait, CANCEL_CHECK_S)
                     events = dict(self._poller.poll(math.ceil(wait * 1000)))
                     if self._monitor in events:
                         self._drain_monitor(busy=True)

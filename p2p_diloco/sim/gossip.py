@@ -64,13 +64,17 @@ class GossipRun:
         """Island i's partner for its next round (`final`: for the final mix, when every island is
         done and still serves its last state)."""
         K, r = self.sim.islands, self.rounds[i]
-        if self.exchange.ring:
+        if self._ring(i):
             return ring_successor([o for o in range(K) if final or self._online(o, t)], i)
         j = shifted_partner(range(K), i, r, salt=self.sim.seed)
         if final or self._online(j, t):
             return j
         others = [o for o in range(K) if o != i and self._online(o, t)]
         return self.rng.choice(others) if others else None
+
+    def _ring(self, i: int) -> bool:
+        """Whether island i's next fetch takes its partner from the ring (`Exchange.ring`)."""
+        return self.exchange.ring
 
     def _plan(self, i: int, t: float) -> None:
         """Plan island i's round starting at virtual time t: steps, end, partner, arrival."""

@@ -61,11 +61,15 @@ class MethodResult:
     per_island: list[float] = field(default_factory=list)
     mixes_per_round: float | None = None
     """Partner states mixed with a weight above 0, per round of every island (gossip only)."""
+    fetches: dict[str, int] | None = None
+    """With `exchange="auto"`: fetches of whole states and of updates, and how often an island changed
+    its choice (`changes`)."""
 
     def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("eval_loss", "eval_loss_worst", "eval_loss_consensus", "tokens",
-                                              "bytes_sent_per_island", "virtual_seconds", "utilization",
-                                              "mixes_per_round")}
+        out = {k: getattr(self, k) for k in ("eval_loss", "eval_loss_worst", "eval_loss_consensus", "tokens",
+                                             "bytes_sent_per_island", "virtual_seconds", "utilization",
+                                             "mixes_per_round")}
+        return out if self.fetches is None else {**out, "fetches": self.fetches}
 
 
 class Simulation:
@@ -162,7 +166,12 @@ class Simulation:
         return self._fetch_cost[key]
 
     def _gossip(self) -> MethodResult:
-        if exchange_mode(self.diloco.exchange, self.diloco.update_codec).updates:
+        exchange = exchange_mode(self.diloco.exchange, self.diloco.update_codec)
+        if exchange.adaptive:
+            from p2p_diloco.sim.auto import AutoGossipRun
+
+            return AutoGossipRun(self).run()
+        if exchange.updates:
             from p2p_diloco.sim.public import UpdatesGossipRun
 
             return UpdatesGossipRun(self).run()

@@ -192,6 +192,40 @@ def test_islands_that_exchange_public_state_updates_learn_on_a_fraction_of_the_b
         assert not any(r.get("refused") for r in isl.rounds())
 
 
+def test_auto_fetches_whole_states_on_a_fast_link_and_updates_on_a_slow_one(procs, tmp_path):
+    """`--exchange auto`: on loopback every fetch takes the whole state; at an emulated 1 Mbit/s a
+    whole state (~180 kB) takes several rounds, so the first one gives way after its probe and every
+    later fetch takes updates (~20 kB), said once, with why, in the log."""
+    _, entry = start_bootstrap(procs, tmp_path)
+    fast = [IslandProc(procs, tmp_path, f"f{k}", entry, "-H", "10", "--max-rounds", "1000", "--wait-for", "2",
+                       "--exchange", "auto") for k in range(2)]
+    slow = [IslandProc(procs, tmp_path, f"s{k}", entry, "-H", "10", "--max-rounds", "1000", "--run-id", "slow",
+                       "--wait-for", "2", "--exchange", "auto", "--bandwidth-mbps", "1", "--latency-ms", "20",
+                       command=("bench", "member"), every=100) for k in range(2)]
+    for isl in fast:
+        wait_until(lambda: sum(r.get("fetched") == "state" for r in isl.rounds()) >= 3 or isl.proc.poll() is not None,
+                   150, f"{isl.name} to fetch whole states")
+    for isl in slow:
+        wait_until(lambda: sum(r.get("fetched") == "updates" for r in isl.rounds()) >= 3 or isl.proc.poll() is not None,
+                   150, f"{isl.name} to fetch updates")
+    for isl in fast + slow:
+        isl.signal(signal.SIGTERM)
+    for isl in fast:
+        s = isl.summary(60, expect=143)
+        assert s["fetched"]["state"] >= 3 and s["fetched"]["updates"] == 0 and s["mixes"] >= 3, s
+        assert "fetches public-state updates now" not in isl.tail(100_000)
+    for isl in slow:
+        s = isl.summary(60, expect=143)
+        # (the first whole state gives way once two of its three chunks showed the rate, unless its last
+        # one arrives first)
+        assert s["fetched"]["state"] <= 1 and s["fetched"]["updates"] >= 3 and s["failed_fetches"] == 0, s
+        assert s["mixes"] >= 3, s
+        said = re.findall(r"fetches public-state updates now: a whole state \(0\.\d+ MB\) takes ([\d.]+) rounds",
+                          isl.tail(100_000))
+        assert len(said) == 1 and float(said[0]) > 1, said
+    assert any("gave_way" in r for isl in slow for r in isl.rounds())  # a whole state was given up for updates
+
+
 def test_a_hostile_member_publishing_nan_is_refused_and_the_honest_ones_train_on(procs, tmp_path):
     """`bench member --poison nan` (the test double of `bench attack`): NaN scales on the wire are
     refused at arrival, counted, and never mixed; the honest islands learn from each other."""

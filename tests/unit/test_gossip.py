@@ -163,8 +163,31 @@ def test_a_running_fetch_reports_its_progress_until_it_is_done():
         worker = GossipWorker(NET, timeout_s=5.0)
         assert worker.progress() is None
         assert worker.start(_record(slow, 1))
-        seconds, received = _wait_for(lambda: (p := worker.progress()) and p[1] > 100_000 and p, 10, "bytes to arrive")
-        assert 0 < seconds < 5 and received < 450_000
+        seconds, received, data_s, rate = _wait_for(lambda: (p := worker.progress()) and p[1] > 100_000 and p, 10, "bytes to arrive")
+        assert 0 < seconds < 5 and received < 450_000 and 0 <= data_s < seconds
+        assert rate != rate or 0.5 * 2e6 / 8 < rate < 2 * 2e6 / 8  # 2 Mbit/s, once a second chunk is in
         assert _result(worker).snapshot.version == 1 and worker.progress() is None
+    finally:
+        slow.close()
+
+
+def test_a_running_fetch_given_up_ends_cancelled_and_the_server_serves_on():
+    """`--exchange auto`: a whole state that will not fit the link is given up at its next chunk; the
+    result says so (not a failure: the partner is not backed off), and the next fetch works."""
+    from p2p_diloco.exchange.linkemu import EmulatedLink
+
+    slow = SnapshotServer(config=NET, link=EmulatedLink(bandwidth_mbps=2.0))  # 400 kB: 1.6 s
+    try:
+        slow.publish({"phi": torch.ones(100_000)}, 1, 1000)
+        worker = GossipWorker(NET, timeout_s=5.0)
+        assert not worker.cancel()  # nothing runs
+        assert worker.start(_record(slow, 1))
+        _wait_for(lambda: (p := worker.progress()) and p[1] > 50_000, 10, "bytes to arrive")
+        assert worker.cancel()
+        result = _result(worker)
+        assert result.cancelled and result.snapshot is None and result.error.startswith("FetchCancelled")
+        assert result.seconds < 1.5
+        assert worker.start(_record(slow, 1))
+        assert _result(worker).snapshot.version == 1
     finally:
         slow.close()

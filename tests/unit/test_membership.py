@@ -36,7 +36,7 @@ def test_record_round_trips_through_dict_json_and_msgpack():
     assert IslandRecord.from_dict(msgpack.unpackb(msgpack.packb(r.to_dict()))) == r
     assert set(r.to_dict()) == {"peer_id", "endpoint", "version", "tokens", "tokens_per_s", "loss", "eval_loss", "state",
                                 "upload_bps", "download_bps", "bytes_sent", "bytes_received", "last_partner",
-                                "started_at", "published_at", "timestamp", "model", "refused", "last_refused", "alone",
+                                "started_at", "published_at", "timestamp", "model", "refused", "last_refused", "alone", "fetches",
                                 "reach"}
 
 
@@ -74,12 +74,16 @@ def test_from_dict_rejects_unknown_missing_and_non_mapping():
 def test_format_islands_lists_every_record():
     text = format_islands([record(), record(peer_id="aaaa", loss=None, version=9, reach="outbound")], now=1.7e9 + 12)
     lines = text.splitlines()
-    assert lines[0].split()[:3] == ["peer", "id", "state"] and lines[0].split()[-2:] == ["reach", "endpoint"]
+    assert lines[0].split()[:3] == ["peer", "id", "state"] and lines[0].split()[-3:] == ["reach", "fetches", "endpoint"]
     assert lines[1].startswith("0123") and "2.5000" in lines[1] and "2.0" in lines[1]  # age 2 s
     assert lines[2].startswith("aaaa") and " - " in lines[2] and " 9 " in lines[2]
     assert " direct " in lines[1] and " outbound " in lines[2]
     alone = format_islands([record(alone="no partner state mixed in 10 rounds while 1 other train")], now=1.7e9)
     assert alone.splitlines()[-1] == f"{PID} trains alone: no partner state mixed in 10 rounds while 1 other train"
+    why = "a whole state (1.29 MB) takes 4.300 rounds to move at 0.50 Mbit/s"
+    auto = format_islands([record(fetches=f"updates: {why}"), record(peer_id="aaaa", fetches=f"state: {why}")], now=1.7e9)
+    assert auto.splitlines()[-1] == f"{PID} fetches updates: {why}"  # why, for an island on updates only
+    assert [line.split()[-2] for line in auto.splitlines()[1:3]] == ["updates", "state"]
 
 
 def test_bootstrap_addresses_parse_and_derive_the_rendezvous():

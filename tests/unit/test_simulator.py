@@ -170,3 +170,18 @@ def test_the_final_mix_takes_only_a_fetch_that_lands_within_the_swarms_wait():
     from p2p_diloco.core.schedule import FINAL_MIX_WAIT_S, final_fetch_in_time
 
     assert final_fetch_in_time(FINAL_MIX_WAIT_S + 10.0, 10.0) and not final_fetch_in_time(FINAL_MIX_WAIT_S + 10.1, 10.0)
+
+
+def test_auto_fetches_whole_states_on_a_fast_link_and_updates_on_a_slow_one(corpus):
+    """`exchange="auto"`: the same choice as the swarm's islands (`core.linkfit`): whole states where
+    one fits well within a round; where it would not, the first whole-state fetch gives way after its
+    probe and every later fetch takes updates (SMALL's state is ~33 kB; rounds of 5 x 0.05 s)."""
+    d, at = DiLoCoConfig(local_steps=5, exchange="auto", final_mix=False), {"step_seconds": 0.05, "tokens": LONG}
+    fast, slow = run(corpus, "gossip", d, **at), run(corpus, "gossip", d, bandwidth_mbps=0.25, **at)
+    assert fast.fetches["updates"] == fast.fetches["gave_way"] == fast.fetches["changes"] == 0
+    assert fast.as_dict() | {"fetches": None} == run(corpus, "gossip", DiLoCoConfig(local_steps=5, final_mix=False),
+                                                     **at).as_dict() | {"fetches": None}  # the same as `state`
+    assert slow.fetches["gave_way"] == slow.fetches["changes"] == 4 and slow.fetches["state"] == 0
+    states = run(corpus, "gossip", DiLoCoConfig(local_steps=5, final_mix=False), bandwidth_mbps=0.25, **at)
+    assert slow.fetches["updates"] > 10 and slow.mixes_per_round > 1.5 * states.mixes_per_round
+    assert slow.bytes_sent_per_island < fast.bytes_sent_per_island / 4

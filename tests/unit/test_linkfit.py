@@ -1,0 +1,58 @@
+"""`core.linkfit`: what `--exchange auto` fetches, from the measured link, the same for the island and
+the simulator."""
+
+import math
+
+import pytest
+
+from p2p_diloco.core.linkfit import PROBE_SHARE, STATE_BELOW, UPDATES_ABOVE, LinkFit
+
+
+def test_whole_states_until_one_does_not_fit_said_once():
+    fit = LinkFit()
+    first, changed = fit.choose(1_000_000, round_s=5.0)
+    assert not first.updates and first.ratio is None and changed and "no link measured" in first.reason
+    fit.measured("a", 125e6)  # 1 Gbit/s: a 1 MB state moves in 8 ms, 0.0016 rounds
+    fast, changed = fit.choose(1_000_000, round_s=5.0)
+    assert not fast.updates and not changed and fast.ratio == pytest.approx(0.0016)
+    assert str(fast).startswith("state: a whole state (1.00 MB) takes 0.002 rounds to move at 1000.00 Mbit/s")
+    fit.measured("a", 0.5e6 / 8)  # 0.5 Mbit/s: 16 s, 3.2 rounds
+    slow, changed = fit.choose(1_000_000, round_s=5.0)
+    assert slow.updates and changed and str(slow).startswith("updates: a whole state (1.00 MB) takes 3.200 rounds")
+    assert fit.choose(1_000_000, round_s=5.0) == (slow, False)  # said once
+
+
+def test_the_choice_changes_with_the_link_with_hysteresis():
+    fit, state_bytes, round_s = LinkFit(), 1_000_000, 4.0
+    rate = lambda share: state_bytes / (share * round_s)  # noqa: E731 - the rate at which a state takes `share` rounds
+    fit.measured("a", rate(STATE_BELOW / 2))
+    assert not fit.choose(state_bytes, round_s)[0].updates
+    fit.measured("a", rate((STATE_BELOW + UPDATES_ABOVE) / 2))  # between the thresholds: no change
+    assert fit.choose(state_bytes, round_s) == (fit.fit, False) and not fit.fit.updates
+    fit.measured("a", rate(UPDATES_ABOVE * 1.2))
+    slow, changed = fit.choose(state_bytes, round_s)
+    assert slow.updates and changed and slow.ratio == pytest.approx(UPDATES_ABOVE * 1.2)
+    fit.measured("a", rate((STATE_BELOW + UPDATES_ABOVE) / 2))  # back between them: updates stay
+    assert fit.choose(state_bytes, round_s)[0].updates
+    fit.measured("a", rate(STATE_BELOW * 0.9))
+    assert fit.choose(state_bytes, round_s) == (fit.fit, True) and not fit.fit.updates
+
+
+def test_a_whole_state_that_will_not_fit_gives_way_after_the_probe():
+    state, round_s = 1_000_000, 4.0
+    probe, slow, fast = PROBE_SHARE * round_s, state / round_s, 100 * state / round_s  # 1 round, 0.01 round
+    assert not LinkFit.give_way(probe / 2, slow, 1000, state, round_s)  # too early to judge
+    assert not LinkFit.give_way(probe, math.nan, 1000, state, round_s)  # one chunk: no rate yet
+    assert LinkFit.give_way(probe, slow, int(slow * probe), state, round_s)  # the rest: 0.95 rounds
+    assert not LinkFit.give_way(probe, slow, int(state * 0.9), state, round_s)  # the rest: 0.1 rounds
+    assert not LinkFit.give_way(probe, fast, 1000, state, round_s)
+    assert not LinkFit.give_way(probe, slow, 1000, state, 0.0)  # no round measured yet
+
+
+def test_the_median_partner_decides():
+    fit = LinkFit()
+    for peer, rate in (("a", 1e3), ("b", 1e8), ("c", 1e8)):
+        fit.measured(peer, rate)
+    assert fit.rate() == 1e8 and not fit.choose(1_000_000, 5.0)[0].updates
+    fit.measured("d", 0.0)  # a fetch that moved nothing measures nothing
+    assert fit.rate() == 1e8
