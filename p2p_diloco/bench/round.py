@@ -225,8 +225,9 @@ def clone_seconds(phi: Any, repeat: int = 3) -> float:
     return statistics.median(times)
 
 
-def measure(params: int, threads: int = 1, repeat: int = REPEAT) -> dict[str, Any]:
-    """One size in this process: the row of the JSON output plus `details` (shape, every round, peaks)."""
+def measure(params: int, threads: int = 1, repeat: int = REPEAT, exchange: str = "state") -> dict[str, Any]:
+    """One size in this process, its island publishing as `exchange` has it: the row of the JSON output
+    plus `details` (shape, every round, peaks)."""
     import torch
 
     from p2p_diloco.config import DiLoCoConfig, NetworkConfig
@@ -238,7 +239,7 @@ def measure(params: int, threads: int = 1, repeat: int = REPEAT) -> dict[str, An
     from p2p_diloco.peers.publishing import Publisher
 
     torch.set_num_threads(threads)
-    network, diloco, shape = NetworkConfig(), DiLoCoConfig(), model_shape(params)
+    network, diloco, shape = NetworkConfig(), DiLoCoConfig(exchange=exchange), model_shape(params)
     model, _optimizer = build_island(shape)  # its state stays alive through the measurement, as an island's
     fp = fingerprint(model)
     partner = serve_partner(model, network, fp)
@@ -260,7 +261,7 @@ def measure(params: int, threads: int = 1, repeat: int = REPEAT) -> dict[str, An
     details = {"shape": shape, "threads": threads, "baseline_rss_bytes": meter.baseline,
                "peaks": {"outer_loop": setup_peak, **rounds[0]["peaks"]}, "rounds": rounds}
     peak = max([setup_peak, *(v for r in rounds for v in r["peaks"].values())])  # the steady state's rounds too
-    row = _row(n, clone_s, rounds, peak)
+    row = {"exchange": exchange, **_row(n, clone_s, rounds, peak)}
     if meter.method != "clear_refs":
         row["peak_method"] = meter.method
     return {**row, "details": details}
@@ -278,14 +279,16 @@ def _row(params: int, clone_s: float, rounds: list[dict], peak: int) -> dict[str
 
 
 def run_round(params: list[int] | tuple[int, ...] = DEFAULT_PARAMS, threads: int = 1, repeat: int = REPEAT,
-              log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Measure each size in its own fresh process; returns `{"rows": [...]}` (details go to `log`)."""
+              log: Callable[[str], None] | None = None, exchanges: tuple[str, ...] = ("state",)) -> dict[str, Any]:
+    """Measure each size, for each exchange, in its own fresh process; returns `{"rows": [...]}` (details
+    go to `log`)."""
     say = log or (lambda msg: None)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     rows = []
-    for n in params:
+    for exchange, n in ((e, n) for e in exchanges for n in params):
         out = subprocess.run([sys.executable, "-m", "p2p_diloco.bench.round", str(n), "--threads", str(threads),
-                              "--repeat", str(repeat)], env=env, capture_output=True, text=True, timeout=SIZE_RUN_S)
+                              "--repeat", str(repeat), "--exchange", exchange], env=env, capture_output=True,
+                             text=True, timeout=SIZE_RUN_S)
         if out.returncode:
             raise RuntimeError(f"measuring {n} parameters failed: {out.stderr[-2000:]}")
         row = json.loads(out.stdout.splitlines()[-1])
@@ -305,16 +308,25 @@ def _say_details(d: dict, params: int, say: Callable[[str], None]) -> None:
 
 
 def targets(rows: list[dict]) -> list[tuple[str, float, float, bool]]:
-    """(what, measured, limit, met) for the targets (module constants), judged at the largest size."""
+    """(what, measured, limit, met) for the targets (module constants), judged at the largest size, for
+    each exchange measured."""
+    out = []
+    for exchange in dict.fromkeys(r["exchange"] for r in rows):
+        out += _targets([r for r in rows if r["exchange"] == exchange], exchange)
+    return out
+
+
+def _targets(rows: list[dict], exchange: str) -> list[tuple[str, float, float, bool]]:
     big = max(rows, key=lambda r: r["params"])
     per_param = [r["overhead_per_param_ns"] for r in rows]
     flat = max(per_param) / min(per_param)
-    at = f"at {big['params'] / 1e6:.1f}M"
+    at = f"at {big['params'] / 1e6:.1f}M, {exchange}"
     return [(f"overhead_s / clone_s {at}", big["overhead_vs_clone"], TARGET_OVERHEAD_VS_CLONE,
              big["overhead_vs_clone"] <= TARGET_OVERHEAD_VS_CLONE),
             (f"peak_extra_bytes / state_bytes {at}", big["peak_extra_vs_state"], TARGET_PEAK_VS_STATE,
              big["peak_extra_vs_state"] <= TARGET_PEAK_VS_STATE),
-            ("max / min overhead_per_param_ns over the sizes", flat, TARGET_FLATNESS, flat <= TARGET_FLATNESS)]
+            (f"max / min overhead_per_param_ns over the sizes, {exchange}", flat, TARGET_FLATNESS,
+             flat <= TARGET_FLATNESS)]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -323,8 +335,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("params", type=int)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeat", type=int, default=REPEAT)
+    p.add_argument("--exchange", default="state")
     a = p.parse_args(argv)
-    print(json.dumps(measure(a.params, a.threads, a.repeat)), flush=True)
+    print(json.dumps(measure(a.params, a.threads, a.repeat, a.exchange)), flush=True)
 
 
 if __name__ == "__main__":

@@ -104,15 +104,20 @@ def _param_count(text: str) -> int:
               help="Model sizes (trainable parameters, comma-separated, 124e6 allowed); each runs in its own process.")
 @click.option("--threads", type=click.IntRange(1, 256), default=1, show_default=True,
               help="torch threads of the measuring process (an island process runs with one).")
+@click.option("--exchange", "exchanges", default="state,auto", show_default=True, callback=csv(str),
+              help="Exchanges to measure, a row each: what the island publishes (auto and updates: its public "
+                   "state's update too); the fetch and mix are of a whole state in every row.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout; details go to stderr.")
-def bench_round(params, threads, as_json) -> None:
+def bench_round(params, threads, exchanges, as_json) -> None:
     """What one gossip round (publish, fetch, mix, outer step) costs an island, against model size."""
     from p2p_diloco.bench.round import run_round, targets
 
     if not params:
         raise click.BadParameter("give at least one size", param_hint="--params")
+    if not exchanges or set(exchanges) - set(EXCHANGES):
+        raise click.BadParameter(f"choose from {', '.join(EXCHANGES)}", param_hint="--exchange")
     with user_errors():
-        out = run_round(params, threads, log=lambda msg: click.echo(msg, err=True))
+        out = run_round(params, threads, log=lambda msg: click.echo(msg, err=True), exchanges=tuple(exchanges))
     if as_json:
         click.echo(json.dumps(out))
         return
@@ -123,12 +128,12 @@ def bench_round(params, threads, as_json) -> None:
 
 def _round_table(rows: list[dict]) -> None:
     """The rows of `bench round` as a table: seconds, MiB, and the ratios the targets use."""
-    head = ("params", "state MiB", "clone_s", "publish_s", "fetch_s", "mix_s", "outer_s", "overhead_s",
+    head = ("exchange", "params", "state MiB", "clone_s", "publish_s", "fetch_s", "mix_s", "outer_s", "overhead_s",
             "peak MiB", "ns/param", "x clone", "x state")
-    widths = [13, *(max(len(h), 9) for h in head[1:])]
+    widths = [8, 13, *(max(len(h), 9) for h in head[2:])]
     click.echo(" ".join(f"{h:>{w}}" for h, w in zip(head, widths)))
     for r in rows:
-        cells = [f"{r['params']:,}", f"{r['state_bytes'] / 2**20:.1f}",
+        cells = [r["exchange"], f"{r['params']:,}", f"{r['state_bytes'] / 2**20:.1f}",
                  *(f"{r[k]:.4f}" for k in ("clone_s", "publish_s", "fetch_s", "mix_s", "outer_s", "overhead_s")),
                  f"{r['peak_extra_bytes'] / 2**20:.1f}", f"{r['overhead_per_param_ns']:.2f}",
                  f"{r['overhead_vs_clone']:.2f}", f"{r['peak_extra_vs_state']:.2f}"]

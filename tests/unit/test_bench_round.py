@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from p2p_diloco.bench.round import PeakMeter, model_shape, run_round, shape_params
 from p2p_diloco.cli import main
 
-KEYS = {"params": int, "state_bytes": int, "clone_s": float, "publish_s": float, "fetch_s": float, "mix_s": float,
+KEYS = {"exchange": str, "params": int, "state_bytes": int, "clone_s": float, "publish_s": float, "fetch_s": float, "mix_s": float,
         "outer_s": float, "overhead_s": float, "peak_extra_bytes": int, "overhead_per_param_ns": float,
         "overhead_vs_clone": float, "peak_extra_vs_state": float}
 
@@ -22,7 +22,8 @@ def test_one_small_size_gives_a_consistent_row():
     assert set(row) - {"peak_method"} == set(KEYS)
     for key, kind in KEYS.items():
         assert type(row[key]) is kind, key
-        assert row[key] > 0, key
+        assert key == "exchange" or row[key] > 0, key
+    assert row["exchange"] == "state"
     assert row["params"] == shape_params(model_shape(200_000))
     assert row["state_bytes"] == 4 * row["params"]
     assert row["overhead_s"] == pytest.approx(row["publish_s"] + row["fetch_s"] + row["mix_s"] + row["outer_s"])
@@ -69,3 +70,17 @@ def test_params_accepts_floats_and_refuses_nonsense():
     bad = runner.invoke(main, ["bench", "round", "--params", "1e6,abc"])
     assert bad.exit_code == 2 and "comma-separated" in bad.output
     assert runner.invoke(main, ["bench", "round", "--params", "1.5"]).exit_code == 2  # not a model size
+    assert runner.invoke(main, ["bench", "round", "--exchange", "state,bogus"]).exit_code == 2
+
+
+def test_targets_are_judged_per_exchange_at_its_largest_size():
+    from p2p_diloco.bench.round import TARGET_PEAK_VS_STATE, targets
+
+    def row(exchange, params, peak):
+        return {"exchange": exchange, "params": params, "overhead_vs_clone": 5.0, "peak_extra_vs_state": peak,
+                "overhead_per_param_ns": 1.0}
+
+    judged = targets([row("state", 10, 9.0), row("state", 100, 2.5), row("auto", 10, 1.0), row("auto", 100, 4.0)])
+    peaks = {what: met for what, _, limit, met in judged if what.startswith("peak") and limit == TARGET_PEAK_VS_STATE}
+    assert peaks == {"peak_extra_bytes / state_bytes at 0.0M, state": True,
+                     "peak_extra_bytes / state_bytes at 0.0M, auto": False}
