@@ -63,18 +63,13 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
         if x.numel() and x.abs().max().item() > torch.finfo(torch.float16).max:
             raise CodecError("value out of fp16 range; use bf16 or int8 for this state")
         return x.to(torch.float16).view(torch.uint8)
+    if codec == "sign":
+        return _encode_sign(x)
     n = x.numel()
     n_blocks = math.ceil(n / INT8_BLOCK)
     padded = torch.zeros(n_blocks * INT8_BLOCK, dtype=torch.float32)
     padded[:n] = x
     blocks = padded.view(n_blocks, INT8_BLOCK)  # (n_blocks, INT8_BLOCK)
-    if codec == "sign":
-        counts = torch.full((n_blocks,), float(INT8_BLOCK))
-        if n_blocks:
-            counts[-1] = n - (n_blocks - 1) * INT8_BLOCK  # the last block may be partial
-        bits = (blocks >= 0).to(torch.uint8).view(-1)[: -(-n // 8) * 8].view(-1, 8)
-        packed = (bits << torch.arange(8, dtype=torch.uint8)).sum(dim=1, dtype=torch.uint8)
-        return torch.cat([(blocks.abs().sum(dim=1) / counts).view(torch.uint8), packed])
     top = _CODE_MAX[codec]
     scales = blocks.abs().amax(dim=1) / top  # (n_blocks,)
     safe = torch.where(scales > 0, scales, torch.ones_like(scales))
@@ -83,6 +78,46 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
         return torch.cat([scales.view(torch.uint8), codes.to(torch.int8).view(-1)[:n].view(torch.uint8)])
     nibbles = (codes.view(-1)[: n + n % 2] + 8).to(torch.uint8)  # 1..15 (the pad nibble of an odd count: 8)
     return torch.cat([scales.view(torch.uint8), nibbles[0::2] | (nibbles[1::2] << 4)])
+
+
+SIGN_CHUNK = INT8_BLOCK * 8 * 512
+"""Values `sign` encodes at a time: its temporaries stay a few MiB, where whole-state ones (an fp32
+copy for the padding, another for the magnitudes) cost more in fresh pages than in arithmetic."""
+_SHIFTS = torch.arange(8, dtype=torch.uint8)
+
+
+def encode_difference(x: torch.Tensor, minus: torch.Tensor, codec: str) -> torch.Tensor:
+    """`encode(x - minus, codec)` for flat fp32 tensors; `sign` without the difference's whole-state
+    temporary (computed a chunk at a time)."""
+    if codec == "sign" and x.shape == minus.shape:
+        return _encode_sign(x.detach(), minus.detach())
+    return encode(x - minus, codec)
+
+
+def _encode_sign(x: torch.Tensor, minus: torch.Tensor | None = None) -> torch.Tensor:
+    """`sign` of `x` (less `minus`): per block of `INT8_BLOCK` its mean magnitude (fp32), then a bit
+    per value, 1 for x >= 0 (low bit first; the padding of the last byte is 1s), a chunk at a time."""
+    n, block = x.numel(), INT8_BLOCK
+    n_blocks = math.ceil(n / block)
+    out = torch.empty(4 * n_blocks + -(-n // 8), dtype=torch.uint8)
+    scales, packed = out[: 4 * n_blocks].view(torch.float32), out[4 * n_blocks:]
+    for start in range(0, n, SIGN_CHUNK):
+        chunk = x[start:start + SIGN_CHUNK]
+        if minus is not None:
+            chunk = chunk - minus[start:start + SIGN_CHUNK]
+        m, first = chunk.numel(), start // block
+        full = m // block * block
+        if full:
+            scales[first:first + full // block] = chunk[:full].view(-1, block).abs().sum(dim=1) / float(block)
+        if full < m:  # the last block, partial: summed as a zero-padded row, as a whole block is
+            row = torch.zeros(1, block)
+            row[0, :m - full] = chunk[full:]
+            scales[first + full // block:] = row.abs().sum(dim=1) / torch.tensor([float(m - full)])
+        bits = (chunk >= 0).to(torch.uint8)
+        if m % 8:
+            bits = torch.cat([bits, torch.ones(8 - m % 8, dtype=torch.uint8)])
+        packed[start // 8:start // 8 + bits.numel() // 8] = (bits.view(-1, 8) << _SHIFTS).sum(dim=1, dtype=torch.uint8)
+    return out
 
 
 def _unpack(packed: torch.Tensor, codec: str) -> torch.Tensor:

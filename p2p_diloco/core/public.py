@@ -40,6 +40,10 @@ INIT = "init"
 """The chain a receiver names to say it holds the run's initial weights (version 0 of such a chain)."""
 
 
+APPLY_CHUNK = 1 << 20
+"""Values of an update decoded at a time where it is applied."""
+
+
 def worth_keeping(numel: int, codec: str) -> int:
     """How many updates a sender keeps: past that many, the chain costs more than the fp32 public
     state a receiver fetches instead."""
@@ -49,8 +53,18 @@ def worth_keeping(numel: int, codec: str) -> int:
 def encode_update(pub: torch.Tensor, anchor: torch.Tensor, codec: str) -> EncodedVector:
     """The anchor's difference from the public state `pub`, encoded in `codec`: the next update
     (what its decoded values leave out stays in the difference after it is added: error feedback)."""
-    diff = anchor.detach().float().cpu().reshape(-1) - pub
-    return EncodedVector(codecs.encode(diff, codec).clone(), codec, diff.numel())
+    flat = anchor.detach().float().cpu().reshape(-1)
+    return EncodedVector(codecs.encode_difference(flat, pub, codec).clone(), codec, flat.numel())
+
+
+def applied(pub: torch.Tensor, update: EncodedVector) -> torch.Tensor:
+    """`pub` plus the decoded `update`, as a new tensor (the one published before may still be served),
+    decoded a slice at a time."""
+    out = torch.empty_like(pub)
+    for start in range(0, pub.numel(), APPLY_CHUNK):
+        end = min(start + APPLY_CHUNK, pub.numel())
+        torch.add(pub[start:end], update[start:end].float(), out=out[start:end])
+    return out
 
 
 class PublicState:
@@ -71,7 +85,7 @@ class PublicState:
     def advance(self, anchor: torch.Tensor) -> EncodedVector:
         """Encode the anchor's difference from the public state, apply it, keep it; the update."""
         update = encode_update(self.pub, anchor, self.codec)
-        self.pub = self.pub + update.float()  # a new tensor: the one published before may still be served
+        self.pub = applied(self.pub, update)
         self.version += 1
         self.updates.append(update)
         return update

@@ -89,3 +89,26 @@ def test_slices_of_an_encoded_vector_and_chunked_encoding_match_the_whole(codec)
     ref, vec = codecs.decode(whole, n, codec), codecs.EncodedVector(whole, codec, n)
     for i, j in [(0, n), (1, 2), (3, 600), (256, 513), (n - 1, n), (700, 700)]:
         assert torch.equal(vec[i:j].float(), ref[i:j]), (i, j)
+
+
+@pytest.mark.parametrize("n", [1, 7, 255, 256, 257, 3_000_001])
+def test_sign_is_encoded_a_chunk_at_a_time_as_one_block_layout(n):
+    """`sign` in chunks (no whole-state temporaries): the layout of one pass over padded blocks, bit
+    for bit, and `encode_difference` encodes the difference without taking it whole."""
+    import math
+
+    from p2p_diloco.core.codecs import INT8_BLOCK, SIGN_CHUNK, encode_difference
+
+    x = torch.randn(n if n < 3_000_000 else SIGN_CHUNK * 2 + 13)
+    n = x.numel()
+    blocks = torch.zeros(math.ceil(n / INT8_BLOCK) * INT8_BLOCK)
+    blocks[:n] = x
+    blocks = blocks.view(-1, INT8_BLOCK)
+    counts = torch.full((blocks.shape[0],), float(INT8_BLOCK))
+    counts[-1] = n - (blocks.shape[0] - 1) * INT8_BLOCK
+    bits = (blocks >= 0).to(torch.uint8).view(-1)[: -(-n // 8) * 8].view(-1, 8)
+    packed = (bits << torch.arange(8, dtype=torch.uint8)).sum(dim=1, dtype=torch.uint8)
+    assert torch.equal(codecs.encode(x, "sign"), torch.cat([(blocks.abs().sum(dim=1) / counts).view(torch.uint8), packed]))
+    y = torch.randn(n)
+    assert torch.equal(encode_difference(x, y, "sign"), codecs.encode(x - y, "sign"))
+    assert torch.equal(encode_difference(x, y, "int4"), codecs.encode(x - y, "int4"))
