@@ -158,7 +158,7 @@ class SwarmIsland:
         return {"peer_id": self.peer_id, "name": self.name, "version": self.version, "round": self.round,
                 "tokens": self.own_tokens, "partner": t.last_partner, "staleness": t.last_staleness,
                 "mixes": t.mixes, "refused": self.checks.refused, "failed_fetches": t.failed, "too_stale": t.too_stale,
-                "alone": self.alone.reason, "fetches": self.rounds.fetches(), "bytes_in": t.bytes_in,
+                "alone": self.alone.reason, "fetches": self.rounds.choice.describe(), "bytes_in": t.bytes_in,
                 "bytes_out": self.bytes_out,
                 "loss": self.last_loss, "eval_loss": self.eval_loss, "state": self.state, "reach": self.reach.mode}
 
@@ -360,7 +360,7 @@ class SwarmIsland:
                             state=self.state, upload_bps=up, download_bps=down, bytes_sent=sent,
                             bytes_received=self.tally.bytes_in, last_partner=self.tally.last_partner,
                             refused=self.checks.refused, last_refused=self.checks.last_refused,
-                            alone=self.alone.reason or "", fetches=self.rounds.fetches(),
+                            alone=self.alone.reason or "", fetches=self.rounds.choice.describe(),
                             started_at=self.started_at, published_at=self.publisher.published_at,
                             timestamp=time.time(), model=self.identity.model, reach=self.reach.mode)
 

@@ -18,12 +18,12 @@ from typing import Callable
 
 from p2p_diloco.config import DiLoCoConfig, IslandConfig, NetworkConfig
 from p2p_diloco.core.island import OuterLoop
-from p2p_diloco.core.linkfit import LinkFit
 from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.core.schedule import FINAL_MIX_WAIT_S
 from p2p_diloco.discovery.membership import Membership
 from p2p_diloco.peers.alone import AloneWatch, Link
 from p2p_diloco.peers.checks import PartnerChecks
+from p2p_diloco.peers.fetchchoice import FetchChoice
 from p2p_diloco.peers.gossip import FetchResult, GossipWorker
 from p2p_diloco.peers.identity import Identity
 from p2p_diloco.peers.pacing import catch_up_seconds
@@ -110,12 +110,10 @@ class Rounds:
         self.rnd = Round.begin(island.same_version_wait, 0.0)
         self.changed = False
         """The weights changed outside an inner step (a mix, a catch-up): torchrun ranks must sync."""
-        self.fit = LinkFit() if publisher.exchange.adaptive else None
-        """With `--exchange auto`: whole states or updates, from the links measured (`core.linkfit`)."""
+        self.choice = FetchChoice(publisher.exchange, identity.name)
+        """What each fetch asks for (`--exchange auto`: whole states or updates, from the link)."""
         self.last_round_s = 0.0
         """How long the previous round took, start to end."""
-        self._running: tuple[str, bool] | None = None
-        """The partner of the fetch started last, and whether it asked for updates."""
 
     def begin(self, last_compute_s: float) -> Round:
         """A new round, now (`last_compute_s`: the inner-step time of the previous one)."""
@@ -176,8 +174,8 @@ class Rounds:
         """
         if self.gossip.busy or self.gossip.has_result:
             return True
-        v, updates = self.outer.state.version, self._fetch_updates()
-        members, ring = self.membership.members(), None if self.fit is None else updates
+        v, members = self.outer.state.version, self.membership.members()
+        updates, ring = self.choice.next(self.publisher.state_bytes, self.last_round_s)
         if fresh_until is None:
             partner = self.chooser.choose(members, v, ring=ring)
             started = partner is not None and self.gossip.start(partner, updates=updates)
@@ -186,37 +184,13 @@ class Rounds:
             started = partner is not None and self.gossip.start(partner, min_version=v, wait_until=fresh_until,
                                                                 updates=updates)
         if started:
-            self._running = (partner.peer_id, updates)
+            self.choice.started(partner.peer_id, updates)
         return started
 
     def _give_way(self) -> None:
-        """With `--exchange auto`: a whole-state fetch that will not fit the link is given up for updates
-        (`LinkFit.give_way`), the rate it showed measured."""
-        progress = self.gossip.progress()
-        if self.fit is None or progress is None or self._running is None or self._running[1]:
-            return
-        _, received, data_s, rate = progress
-        if self.fit.give_way(data_s, rate, received, self.publisher.state_bytes, self.last_round_s) \
-                and self.gossip.cancel():
-            self.fit.measured(self._running[0], rate)
-            self._running = (self._running[0], True)  # (given up: judged once)
-
-    def _fetch_updates(self) -> bool:
-        """Whether the next fetch asks for public-state updates (with a fixed exchange: whenever the
-        island holds public states); with `--exchange auto`, what fits the link, said once when it changes."""
-        if self.fit is None:
-            return True
-        before = self.fit.fit
-        fit, changed = self.fit.choose(self.publisher.state_bytes, self.last_round_s)
-        if changed:
-            level = logging.INFO if before is None else logging.WARNING
-            log.log(level, "%s fetches %s now: %s", self.identity.name,
-                    "public-state updates" if fit.updates else "whole states", fit.reason)
-        return fit.updates
-
-    def fetches(self) -> str:
-        """What the island fetches now and why, for its record ("" with a fixed exchange)."""
-        return "" if self.fit is None or self.fit.fit is None else str(self.fit.fit)
+        """A whole-state fetch that will not fit the link is given up for updates (`--exchange auto`)."""
+        if self.choice.give_way(self.gossip.progress(), self.publisher.state_bytes, self.last_round_s):
+            self.gossip.cancel()
 
     def _take_partner(self, result: FetchResult | None = None) -> tuple[list[PartnerState], dict]:
         """The fetched partner state (or the pushed one given), if one arrived and passed every check
@@ -229,8 +203,7 @@ class Rounds:
         if result.snapshot is not None and not result.pushed:
             info["fetched"] = "state" if result.public is None else "updates"
             self.tally.fetched[info["fetched"]] += 1
-            if self.fit is not None:
-                self.fit.measured(result.peer_id, result.rate_bps)
+            self.choice.landed(result.peer_id, result.rate_bps)
         if "fetch_error" in info and "refused" not in info:
             self.tally.failed += 1
             self.alone.fetch_failed(info["fetch_error"])

@@ -56,3 +56,26 @@ def test_the_median_partner_decides():
     assert fit.rate() == 1e8 and not fit.choose(1_000_000, 5.0)[0].updates
     fit.measured("d", 0.0)  # a fetch that moved nothing measures nothing
     assert fit.rate() == 1e8
+
+
+def test_an_islands_fetch_choice_gives_way_once_and_says_what_it_fetches(caplog):
+    """`peers.fetchchoice.FetchChoice`: a fixed exchange asks the same every time; `auto` starts with
+    whole states, gives a slow one up once (measuring its rate), then asks for updates, said once."""
+    import logging
+
+    from p2p_diloco.core.modes import exchange_mode
+    from p2p_diloco.peers.fetchchoice import FetchChoice
+
+    fixed = FetchChoice(exchange_mode("updates", "sign"), "i")
+    assert fixed.next(1_000_000, 4.0) == (True, None) and fixed.describe() == ""
+    assert not fixed.give_way((1.0, 10, 1.0, 1.0), 1_000_000, 4.0)
+    auto, state, round_s = FetchChoice(exchange_mode("auto", "sign"), "i"), 1_000_000, 4.0
+    assert auto.next(state, round_s) == (False, False) and auto.describe().startswith("state: no link measured")
+    auto.started("p", False)
+    slow = (1.0, 25_000, 1.0, 25_000.0)  # 25 kB/s: the rest takes 39 s, ~10 rounds
+    with caplog.at_level(logging.INFO, logger="p2p_diloco.peers.fetchchoice"):
+        assert auto.give_way(slow, state, round_s) and not auto.give_way(slow, state, round_s)  # judged once
+        assert auto.next(state, round_s) == (True, True) and auto.next(state, round_s) == (True, True)
+    said = [r.getMessage() for r in caplog.records if "fetches" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("i fetches public-state updates now: a whole state (1.00 MB) takes 10.000")
+    assert auto.describe().startswith("updates: a whole state (1.00 MB) takes 10.000 rounds")

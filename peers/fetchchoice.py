@@ -1,0 +1,64 @@
+"""What each of an island's fetches asks for: with `--exchange auto`, the whole state or public-state
+updates, whichever fits the link the island measures (`core.linkfit`); with a fixed exchange, the
+same every time (updates whenever the island holds public states).
+
+`FetchChoice` is the part of the island's rounds (`peers.rounds`) that owns that choice: it is asked
+before each fetch, told what each fetch started and what each one measured, judges a running
+whole-state fetch (`give_way`), and says each change once, in the log and in the island's record.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from p2p_diloco.core.linkfit import LinkFit
+from p2p_diloco.core.modes import Exchange
+
+log = logging.getLogger(__name__)
+
+
+class FetchChoice:
+    """See the module docstring."""
+
+    def __init__(self, exchange: Exchange, name: str) -> None:
+        self.name = name
+        self.fit = LinkFit() if exchange.adaptive else None
+        self._running: tuple[str, bool] | None = None
+        """The partner of the fetch started last, and whether it asked for updates."""
+
+    def next(self, state_bytes: int, round_s: float) -> tuple[bool, bool | None]:
+        """Whether the next fetch asks for updates, and the partner choice's ring for it (None: the
+        chooser's own). With `--exchange auto` a change is said once."""
+        if self.fit is None:
+            return True, None
+        before = self.fit.fit
+        fit, changed = self.fit.choose(state_bytes, round_s)
+        if changed:
+            log.log(logging.INFO if before is None else logging.WARNING, "%s fetches %s now: %s", self.name,
+                    "public-state updates" if fit.updates else "whole states", fit.reason)
+        return fit.updates, fit.updates
+
+    def started(self, peer_id: str, updates: bool) -> None:
+        self._running = (peer_id, updates)
+
+    def give_way(self, progress: tuple[float, int, float, float] | None, state_bytes: int, round_s: float) -> bool:
+        """Whether the running fetch (`GossipWorker.progress()`) is a whole state that will not fit the
+        link and should be given up for updates (`LinkFit.give_way`); the rate it showed is measured.
+        A fetch is judged so once."""
+        if self.fit is None or progress is None or self._running is None or self._running[1]:
+            return False
+        _, received, data_s, rate = progress
+        if not self.fit.give_way(data_s, rate, received, state_bytes, round_s):
+            return False
+        self.fit.measured(self._running[0], rate)
+        self._running = (self._running[0], True)
+        return True
+
+    def landed(self, peer_id: str, rate_bps: float) -> None:
+        """A fetch from `peer_id` finished, at this rate (bytes per second)."""
+        if self.fit is not None:
+            self.fit.measured(peer_id, rate_bps)
+
+    def describe(self) -> str:
+        """What the island fetches now and why, for its record ("" with a fixed exchange)."""
+        return "" if self.fit is None or self.fit.fit is None else str(self.fit.fit)
