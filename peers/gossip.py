@@ -21,6 +21,7 @@ pushes each state it publishes (`push_to_relay`, on a thread of its own).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -274,7 +275,7 @@ class GossipWorker:
 def _rate(stats) -> float:
     """A fetch's rate between its chunks, else (one chunk) its bytes over its time less a round trip."""
     for rate in (stats.data_bytes_per_s, stats.transfer_bytes_per_s):
-        if rate == rate and rate > 0:
+        if math.isfinite(rate) and rate > 0:
             return rate
     return 0.0
 
