@@ -41,11 +41,16 @@ class FetchChoice:
     def started(self, peer_id: str, updates: bool) -> None:
         self._running = (peer_id, updates)
 
+    @property
+    def judging(self) -> bool:
+        """A whole-state fetch of `--exchange auto` was started and not judged yet (`give_way`)."""
+        return self.fit is not None and self._running is not None and not self._running[1]
+
     def give_way(self, progress: tuple[float, int, float, float] | None, state_bytes: int, round_s: float) -> bool:
         """Whether the running fetch (`GossipWorker.progress()`) is a whole state that will not fit the
         link and should be given up for updates (`LinkFit.give_way`); the rate it showed is measured.
         A fetch is judged so once."""
-        if self.fit is None or progress is None or self._running is None or self._running[1]:
+        if not self.judging or progress is None:
             return False
         _, received, data_s, rate = progress
         if not self.fit.give_way(data_s, rate, received, state_bytes, round_s):

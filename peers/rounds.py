@@ -189,7 +189,8 @@ class Rounds:
 
     def _give_way(self) -> None:
         """A whole-state fetch that will not fit the link is given up for updates (`--exchange auto`)."""
-        if self.choice.give_way(self.gossip.progress(), self.publisher.state_bytes, self.last_round_s):
+        if self.choice.judging and self.choice.give_way(self.gossip.progress(), self.publisher.state_bytes,
+                                                        self.last_round_s):
             self.gossip.cancel()
 
     def _take_partner(self, result: FetchResult | None = None) -> tuple[list[PartnerState], dict]:

@@ -206,8 +206,7 @@ class SwarmState:
                 self.note("alone", f"{view.short_id} trains alone: {rec.alone}", rec.peer_id)
             else:
                 self.note("alone", f"{view.short_id} mixes partners' states again", rec.peer_id)
-        fetched, fetches = view.record.fetches.partition(":")[0], rec.fetches.partition(":")[0]
-        if fetches and fetched and fetches != fetched:
+        if rec.fetching and view.record.fetching and rec.fetching != view.record.fetching:
             self.note("fetches", f"{view.short_id} fetches {rec.fetches}", rec.peer_id)
         old, new = view.record.state, rec.state
         if old == new or {old, new} == {"training", "syncing"}:

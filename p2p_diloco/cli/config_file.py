@@ -135,15 +135,19 @@ def default_map(root: click.Group, tables: dict) -> tuple[dict, dict[str, dict]]
     return out, advanced
 
 
+def _advanced() -> dict[str, dict]:
+    """The config file's section fields that no option sets (`ctx.meta`, set by `--config`)."""
+    ctx = click.get_current_context(silent=True)
+    return {} if ctx is None else ctx.meta.get(ADVANCED, {})
+
+
 def advanced_field(section: str, field: str) -> object | None:
     """The config file's `[section] field` when no option sets it (None when the file does not)."""
-    ctx = click.get_current_context(silent=True)
-    return None if ctx is None else ctx.meta.get(ADVANCED, {}).get(section, {}).get(field)
+    return _advanced().get(section, {}).get(field)
 
 
 def apply_advanced(configs: dict[str, object]) -> dict[str, object]:
     """`configs` (by section name) with the config file's fields that have no option applied
     (validated again by each config's own checks)."""
-    ctx = click.get_current_context(silent=True)
-    advanced = {} if ctx is None else ctx.meta.get(ADVANCED, {})
+    advanced = _advanced()
     return {name: dataclasses.replace(c, **advanced[name]) if advanced.get(name) else c for name, c in configs.items()}

@@ -80,9 +80,9 @@ def format_islands(records: dict[str, IslandRecord] | list[IslandRecord], now: f
     head = ("peer id", "state", "version", "tokens", "tok/s", "loss", "age s", "reach", "fetches", "endpoint")
     body = [(r.peer_id, r.state, str(r.version), str(r.tokens), f"{r.tokens_per_s:.0f}",
              "-" if r.loss is None else f"{r.loss:.4f}", f"{max(0.0, now - r.timestamp):.1f}" if r.timestamp else "-",
-             r.reach, r.fetches.partition(":")[0] or "-", r.endpoint) for r in rows]
+             r.reach, r.fetching or "-", r.endpoint) for r in rows]
     widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *body]]
     lines += [f"{r.peer_id} trains alone: {r.alone}" for r in rows if r.alone]
-    lines += [f"{r.peer_id} fetches {r.fetches}" for r in rows if r.fetches.startswith("updates:")]
+    lines += [f"{r.peer_id} fetches {r.fetches}" for r in rows if r.fetching == "updates"]
     return "\n".join(lines)

@@ -55,7 +55,7 @@ class LinkFit:
         self._rates: dict[object, float] = {}
 
     def measured(self, peer: object, rate_bps: float) -> None:
-        """A fetch from `peer` showed this rate (bytes per second; `fetch_rate`)."""
+        """A fetch from `peer` showed this rate (bytes per second, measured between its chunks)."""
         if rate_bps > 0:
             self._rates[peer] = rate_bps
 

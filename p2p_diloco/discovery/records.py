@@ -142,6 +142,11 @@ class IslandRecord:
             if v is not None and not (isinstance(v, str) and PEER_ID_RE.match(v)):
                 raise _bad(name, "None or a peer id", v)
 
+    @property
+    def fetching(self) -> str:
+        """What `fetches` says the island fetches now: `state`, `updates`, or "" (a fixed exchange)."""
+        return self.fetches.partition(":")[0]
+
     def to_dict(self) -> dict[str, Any]:
         """All fields, always (the DHT schema refuses a record with a field missing)."""
         return dataclasses.asdict(self)

@@ -20,7 +20,6 @@ import logging
 import math
 import threading
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +36,7 @@ from p2p_diloco.errors import (
 from p2p_diloco.exchange import flowcontrol, payload, wire
 from p2p_diloco.exchange.linkemu import EmulatedLink, pacer
 from p2p_diloco.exchange.sockets import HANDSHAKE_FAILED, client_context, swarm_keys
+from p2p_diloco.exchange.transfer import VERIFY_BACKLOG, Transfer
 
 log = logging.getLogger(__name__)
 
@@ -70,60 +70,6 @@ class Snapshot:
 
 CANCEL_CHECK_S = 0.05
 """While it waits for a chunk, a fetch looks this often whether it was given up (`Fetcher.cancel`)."""
-VERIFY_BACKLOG = 2
-"""Chunks beyond the newest that may wait for their digest check (memory: the window + 3 chunks)."""
-
-
-@dataclass
-class _Transfer:
-    """One fetch's progress: the chunk requests in flight and the received chunks awaiting their check."""
-
-    inflight: deque
-    """(offset, length, rid, sent at, or None for a chunk the HELLO prefetched), in request order."""
-    next_off: int
-    """Offset of the next chunk to ask for."""
-    in_bytes: int
-    """Bytes asked for and not yet received."""
-    stall: float
-    """The fetch fails if no chunk arrives before this monotonic time."""
-    chunks: int = 0
-    verifying: deque = field(default_factory=deque)
-    """Digest and finiteness checks running on the verify thread, oldest first."""
-    first_at: float | None = None
-    """When the first chunk arrived (monotonic), and its bytes: the data rate is measured after it."""
-    first_n: int = 0
-    last_at: float = 0.0
-    received: int = 0
-
-    def arrived(self, n: int, now: float) -> None:
-        if self.first_at is None:
-            self.first_at, self.first_n = now, n
-        self.last_at, self.received = now, self.received + n
-
-    def data_rate(self) -> float:
-        """Bytes per second between the first chunk's arrival and the last one's (NaN before a second)."""
-        span = self.last_at - self.first_at if self.first_at is not None else 0.0
-        return (self.received - self.first_n) / span if span > 0 else math.nan
-
-    @classmethod
-    def after(cls, hello: wire.Hello, m: wire.Manifest, stall: float) -> _Transfer:
-        """The transfer as the HELLO left it: the server streams its prefetched chunks unasked."""
-        inflight = deque((off, n, hello.rid, None) for off, n in wire.prefetch_plan(m.total, m.block, hello.prefetch,
-                                                                                    hello.chunk))
-        next_off = inflight[-1][0] + inflight[-1][1] if inflight else 0
-        return cls(inflight=inflight, next_off=next_off, in_bytes=next_off, stall=stall)
-
-    def collect_done(self) -> None:
-        """Take the results of the checks that have finished (raises what a failed one found)."""
-        while self.verifying and self.verifying[0].done():
-            self.verifying.popleft().result()  # raises BadPayload if the chunk failed its check
-
-    def collect_down_to(self, backlog: int) -> None:
-        """Wait for the oldest checks until at most `backlog` are still running."""
-        while len(self.verifying) > backlog:
-            self.verifying.popleft().result()
-
-
 class Fetcher:
     """A connection to one peer's snapshot server; reuse it to fetch from that peer repeatedly."""
 
@@ -133,7 +79,7 @@ class Fetcher:
         self.endpoint, self.peer = endpoint, peer
         self.config = config or NetworkConfig()
         self._rid = self.wire_bytes = 0
-        self._transfer: _Transfer | None = None
+        self._transfer: Transfer | None = None
         self._cancelled = threading.Event()
         self._up = False
         self._pool: ThreadPoolExecutor | None = None
@@ -211,7 +157,7 @@ class Fetcher:
             t0 = time.monotonic() - (ctl.min_rtt if math.isfinite(ctl.min_rtt) else 0.0)
         if (need := m.state_bytes if decode else m.total) > cfg.max_state_bytes:  # what this fetch allocates
             raise BadPayload(f"{self.endpoint} offers {need} bytes of state, over max_state_bytes")
-        asm, tr = payload.Assembler(m, keep_encoded=not decode), _Transfer.after(hello, m, time.monotonic() + timeout)
+        asm, tr = payload.Assembler(m, keep_encoded=not decode), Transfer.after(hello, m, time.monotonic() + timeout)
         self._transfer = tr
         while not asm.done:
             if self._cancelled.is_set():
@@ -224,7 +170,7 @@ class Fetcher:
         tr.collect_down_to(0)
         return self._finished(asm, m, ctl, tr, time.monotonic() - t0)
 
-    def _request_window(self, tr: _Transfer, ctl: flowcontrol.WindowController, m: wire.Manifest) -> None:
+    def _request_window(self, tr: Transfer, ctl: flowcontrol.WindowController, m: wire.Manifest) -> None:
         """Ask for chunks until the window (and the protocol's request limit) is full."""
         window = ctl.window_bytes(m.block)
         while tr.next_off < m.total and tr.in_bytes < window and len(tr.inflight) < wire.MAX_INFLIGHT:
@@ -235,7 +181,7 @@ class Fetcher:
             tr.next_off += n
             tr.in_bytes += n
 
-    def _take_chunk(self, tr: _Transfer, ctl: flowcontrol.WindowController, asm: payload.Assembler,
+    def _take_chunk(self, tr: Transfer, ctl: flowcontrol.WindowController, asm: payload.Assembler,
                     m: wire.Manifest, reply: Any, timeout: float) -> None:
         """Check that a reply is the next chunk asked for, measure the link by it, and decode it
         while the verify thread checks its digests and values."""
@@ -256,7 +202,7 @@ class Fetcher:
         tr.in_bytes -= n
         tr.collect_down_to(VERIFY_BACKLOG)
 
-    def _finished(self, asm: payload.Assembler, m: wire.Manifest, ctl: flowcontrol.WindowController, tr: _Transfer,
+    def _finished(self, asm: payload.Assembler, m: wire.Manifest, ctl: flowcontrol.WindowController, tr: Transfer,
                   seconds: float) -> Snapshot:
         """The whole, checked snapshot, with the link's figures (remembered for the next fetch)."""
         flowcontrol.remember(self.endpoint, ctl.estimate())

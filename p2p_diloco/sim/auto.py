@@ -7,7 +7,7 @@ As in the swarm, an island starts with whole states; a whole-state fetch that wi
 link gives way once its data has flowed for the probe (`LinkFit.give_way`): the island then knows
 the link's rate, and fetches updates from its ring successor at once. An island measures a link
 when a fetch over it lands (or gives way): the simulated link's rate, where the swarm's islands
-estimate it from the fetch (`core.linkfit.fetch_rate`).
+estimate it between the fetch's chunks (`exchange.client.FetchStats.data_bytes_per_s`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class AutoGossipRun(UpdatesGossipRun):
 
     def _rate(self, i: int, j: int) -> float:
         """Bytes per second of island i's fetches from island j."""
-        return min(self.sim.download(i), self.sim.upload(j)) * 1e6 / 8
+        return self.s.link_mbps(i, j) * 1e6 / 8
 
     def _choose(self, i: int, t: float, final: bool = False) -> int | None:
         self._now = t

@@ -124,11 +124,14 @@ class Simulation:
         rate = min(min(self.sim.download(i), self.sim.upload(i)) for i in range(K))
         return hops * self.sim.latency_ms / 1000 + nbytes * 8 / (rate * 1e6)
 
+    def link_mbps(self, i: int, j: int) -> float:
+        """Mbit/s of island i's fetches from island j: the slower of j's upload and i's download."""
+        return min(self.sim.download(i), self.sim.upload(j))
+
     def fetch_seconds(self, i: int, j: int, nbytes: int) -> float:
         """Seconds island i's fetch of `nbytes` from island j takes: a round trip, then the bytes at
-        the slower of j's upload and i's download."""
-        rate = min(self.sim.download(i), self.sim.upload(j))
-        return 2 * self.sim.latency_ms / 1000 + nbytes * 8 / (rate * 1e6)
+        the link's rate (`link_mbps`)."""
+        return 2 * self.sim.latency_ms / 1000 + nbytes * 8 / (self.link_mbps(i, j) * 1e6)
 
     def result(self, islands: list[Island], tokens: int, bytes_per_island: float, t: float, util: float) -> MethodResult:
         probe = islands[0].model
