@@ -29,8 +29,10 @@ DEVICE_RE = r"^(auto|cpu|mps|cuda(:\d+)?)$"
 """Syntax of a `--device` value (checked by `TrainConfig`, torch-free)."""
 PRECISIONS = ("fp32", "bf16")
 """Precisions of the inner forward and backward pass (`p2p_diloco.core.device.autocast`)."""
-POISONS = ("nan", "scale", "random", "other-run")
+POISONS = ("nan", "scale", "random", "other-run", "momentum", "inflate", "stuck", "reverse", "noise")
 """What a hostile test double publishes (`bench member --poison`, `p2p_diloco.bench.member`)."""
+HONEST_MEMBERS = ("slow", "other-data")
+"""Members of `bench attack` that differ from the others honestly: 10x slower, or on another corpus."""
 MODEL_PRESETS: dict[str, dict[str, int]] = {
     # ~0.84M parameters: tests and CPU demos
     "tiny": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 128},

@@ -2,9 +2,10 @@
 
 A state that arrived, fetched or pushed, is mixable only when its bytes checked out on the way
 (digests, sizes, finite values: `exchange.payload`), it is of this island's model and run
-(`peers.gossip.partner_state`) and its distance from this island's anchor is plausible
-(`peers.plausibility`). A refused state is counted and logged, and its sender backs off, or is
-never chosen again (`PartnerChooser`). A state refused as too far while far ahead may mean that
+(`peers.gossip.partner_state`), its distance from this island's anchor is plausible
+(`peers.plausibility`), and its momentum and its place along the island's progress keep the
+bounds of `core.influence` (which also bounds the weight it is mixed with). A refused state is
+counted and logged, and its sender backs off, or is never chosen again (`PartnerChooser`). A state refused as too far while far ahead may mean that
 this island is the stale one: it then catches up from the freshest members on a thread of its own
 (`peers.state.CatchUp`), training on meanwhile.
 
@@ -15,6 +16,7 @@ this island is the stale one: it then catches up from the freshest members on a 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.outer import PartnerState
@@ -22,7 +24,7 @@ from p2p_diloco.errors import TransportError
 from p2p_diloco.peers.gossip import FetchResult, partner_state
 from p2p_diloco.peers.identity import Identity
 from p2p_diloco.peers.partners import PartnerChooser
-from p2p_diloco.peers.plausibility import PlausibilityGate
+from p2p_diloco.peers.plausibility import Measured, PlausibilityGate
 from p2p_diloco.peers.publishing import Publisher
 from p2p_diloco.peers.state import STALE_LAG, CatchUp, StateSource
 
@@ -64,21 +66,44 @@ class PartnerChecks:
         except TransportError as e:  # another model or run: it never changes, so never again
             self.chooser.exclude(result.peer_id)
             return self.refuse(result.peer_id, str(e), info)
-        why = self.gate.judge(result.distance)
+        why, measured = self.judge(state, result.measured), result.measured
         if why is not None:
             if state.version >= self.outer.state.version + STALE_LAG:
                 self.catch_up_from(result.peer_id, state.version)  # this island may be the stale one
                 info["caught_up"] = True
             return self.refuse(result.peer_id, why, info)
-        info["distance"] = None if result.distance is None else round(result.distance, 6)
+        self.chooser.mixed(result.peer_id)
+        if measured is not None:
+            info["distance"] = round(measured.distance, 6)
+            state = replace(state, gap=measured.gap)
+            info.update(self.figures(measured))
         return state, info
+
+    def judge(self, state: PartnerState, measured: Measured | None) -> str | None:
+        """Why a state that fits this island's model and run is refused (None: it may be mixed): its
+        momentum, where it sits along this island's progress (`core.influence`), its distance (the
+        gate, whose start bound is the island's own progress)."""
+        if measured is None:
+            return None
+        bound, d = self.outer.influence, self.outer.progress()
+        return (bound.momentum(measured.momentum, d) or bound.size(measured.norm, measured.anchor_norm, d)
+                or bound.behind(measured.along, self.outer.state.version - state.version)
+                or self.gate.judge(measured.distance, bound.start_bound(d, measured.anchor_norm)))
+
+    def figures(self, measured: Measured) -> dict:
+        """Where an admitted state sits, in the island's own rounds of progress, for the round's row:
+        its distance (`rounds_away`) and how far back along the progress (`behind`)."""
+        d, behind = self.outer.progress(), self.outer.influence.rounds_behind(measured.along)
+        out = {} if not d else {"rounds_away": round(measured.gap / d, 3)}
+        return out if behind is None else {**out, "behind": round(behind, 3)}
 
     def refuse(self, peer_id: str, why: str, info: dict) -> tuple[None, dict]:
         """A partner's state is not mixed: count it, tell the dashboard, back the partner off (or drop it)."""
         self.refused += 1
         self.last_refused = peer_id
-        dropped = self.chooser.refused(peer_id)
-        log.warning("refused the state of %s: %s%s", peer_id[:8], why, "; never choosing it again" if dropped else "")
+        aside = self.chooser.refused(peer_id)
+        log.warning("refused the state of %s: %s%s", peer_id[:8], why,
+                    "" if aside is None else f"; not choosing it for {aside:.0f} s")
         info["refused"] = why
         return None, info
 

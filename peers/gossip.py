@@ -35,6 +35,7 @@ from p2p_diloco.core.public import PublicCopies, PublicCopy
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.errors import BadPayload, CodecError, FetchCancelled, TransportError
 from p2p_diloco.exchange.linkemu import EmulatedLink
+from p2p_diloco.peers.plausibility import Measured
 
 if TYPE_CHECKING:
     from p2p_diloco.exchange.client import Fetcher
@@ -52,7 +53,7 @@ class FetchResult:
     nbytes: int
     waited_s: float = 0.0
     """How long the worker waited for the partner to publish the version asked for, before the transfer."""
-    distance: float | None = None
+    measured: Measured | None = None
     """What `measure` said of the state (`peers.plausibility`), computed on the worker's thread."""
     bad_state: bool = False
     """The failure was the partner's state itself (digests, sizes, non-finite values), not the link."""
@@ -72,8 +73,8 @@ class GossipWorker:
                  secret: str | None = None, link: EmulatedLink | None = None) -> None:
         """`push_source()`: this island's latest (manifest, payload) to push, for an outbound-only
         island (else None); `relay`: the bootstrap's relay endpoint, if it runs one; `copies`: the
-        partners' public states held (`exchange="updates"`), and `measure_public(copy)` the
-        plausibility distance of one."""
+        partners' public states held (`exchange="updates"`), and `measure_public(copy)` measures one
+        (`peers.plausibility.measure`)."""
         self.network, self.secret, self.timeout_s, self.measure = network, secret, timeout_s, measure
         self.link = link
         """A WAN link to emulate for what this island's fetches send (benchmarks and tests)."""
@@ -133,12 +134,12 @@ class GossipWorker:
                                      pub=public, held=self.copies.asking(partner.peer_id) if public else None,
                                      want=min_version if wait else None, wait_s=wait_until - started)
                 copy = self._hold_public(partner.peer_id, snap) if public else None
-                distance = self.measured(snap) if copy is None else self._measured_public(copy)
+                measured = self.measured(snap) if copy is None else self._measured_public(copy)
                 self._running = None
                 with self._lock:  # handed over at once: mixing need not wait for our push
                     self._result = FetchResult(partner.peer_id, snap, None, snap.seconds, snap.wire_bytes,
                                                waited_s=time.monotonic() - started - snap.seconds,
-                                               distance=distance, public=copy, rate_bps=_rate(snap.stats))
+                                               measured=measured, public=copy, rate_bps=_rate(snap.stats))
                     self._finished.set()
                 handed = True
                 if not via_relay:
@@ -237,14 +238,14 @@ class GossipWorker:
             self.copies.forget(peer)
             raise BadPayload(f"public state from {snap.endpoint}: {e}") from e
 
-    def _measured_public(self, copy: PublicCopy) -> float | None:
+    def _measured_public(self, copy: PublicCopy) -> Measured | None:
         try:
             return None if self.measure_public is None else self.measure_public(copy)
         except Exception as e:  # another shape: refused with a reason when it is taken
             log.debug("could not measure a public state: %s", e)
             return None
 
-    def measured(self, snap) -> float | None:
+    def measured(self, snap) -> Measured | None:
         """`measure(snap)`, or None when there is none or the state does not fit (refused later, with a reason)."""
         if self.measure is None:
             return None

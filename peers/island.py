@@ -47,7 +47,7 @@ from p2p_diloco.peers.gossip import GossipWorker
 from p2p_diloco.peers.identity import Identity
 from p2p_diloco.peers.metrics import LinkRates, MetricsLog, progress_line
 from p2p_diloco.peers.partners import PartnerChooser
-from p2p_diloco.peers.plausibility import relative_distance
+from p2p_diloco.peers.plausibility import measure
 from p2p_diloco.peers.publishing import Publisher
 from p2p_diloco.peers.reach import Door, PushInbox, check_reach
 from p2p_diloco.peers.rounds import ANNOUNCE_EVERY_S, Rounds, Tally
@@ -101,9 +101,11 @@ class SwarmIsland:
         self.publisher = Publisher(self.server, self.outer, self.exchange, self.identity)
         self.source = StateSource(self.identity, self.outer, self.membership, self.network, discovery.secret,
                                   lambda: self._stop_asked)
-        self.guard = DivergenceGuard(self.name, self.outer, optimizer, scheduler)
+        self.guard = DivergenceGuard(self.name, self.outer, optimizer, scheduler,
+                                     on_blame=lambda peer, why: self.checks.refuse(peer, why, {}))
         self.gossip = GossipWorker(self.network, secret=discovery.secret, timeout_s=self.network.fetch_timeout_s,
-                                   measure=lambda snap: relative_distance(self.outer.state.phi, snap.tensors["phi"]),
+                                   measure=lambda snap: measure(self.outer.state.phi, snap.tensors["phi"], self.outer.state.m,
+                                                                snap.tensors.get("m")),
                                    push_source=self.server.latest if self.reach.mode == "outbound" else None,
                                    relay=self.reach.relay, link=link, **self.publisher.partner_copies())
         self.chooser = PartnerChooser(self.peer_id, self.diloco.max_staleness, model=self.identity.model,
@@ -195,7 +197,7 @@ class SwarmIsland:
             self.close()
             raise
         self._started = True
-        self.inbox.door = Door(self.identity, self.membership.members, lambda peer: peer in self.chooser.excluded,
+        self.inbox.door = Door(self.identity, self.membership.members, self.chooser.shunned,
                                self.gossip.measured)
         if not self.wait_for_members(self.cfg.wait_for, self.cfg.join_timeout_s) and not self._stop_asked:
             log.warning("fewer than %d islands after %.0f s; starting anyway", self.cfg.wait_for, self.cfg.join_timeout_s)
@@ -223,10 +225,8 @@ class SwarmIsland:
 
         `loss` (a float or a tensor) is what the dashboard shows and what the divergence guard
         checks (a tensor is read every step: one device sync, the price of noticing a non-finite
-        loss at the step it happens); `tokens` those the
-        step trained on on this process (default `tokens_per_step`), counted for the budget and
-        for token-weighted mixing.
-        """
+        loss at the step it happens); `tokens` those the step trained on on this process (default
+        `tokens_per_step`), counted for the budget and for token-weighted mixing."""
         if not self._started or self._closed:
             raise RuntimeError("SwarmIsland.step() before start() (use `with join(...) as island:`) or after close()")
         if self.done:
@@ -237,7 +237,7 @@ class SwarmIsland:
         self.inner_seconds += now - self._returned_at
         if loss is not None:
             self._loss = float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
-            self.weights_changed |= self.guard.after_step(self._loss)
+            self.weights_changed |= self.guard.after_step(self._loss, self.rounds.suspect())
         self.outer.round_steps += 1
         rnd.tokens += (self.tokens_per_step if tokens is None else tokens) * self.world
         if now - rnd.last_announce >= ANNOUNCE_EVERY_S:  # keep watchers current mid-round
@@ -262,7 +262,7 @@ class SwarmIsland:
         """Mix what arrived after the last step, take the outer step (`Rounds.finish`), then evaluate,
         publish, announce and log."""
         if not self.guard.weights_finite():  # never an outer step from non-finite weights
-            self.guard.roll_back("non-finite weights at the round's end")
+            self.guard.roll_back("non-finite weights at the round's end", self.rounds.suspect())
         rnd = self.rounds.rnd
         info, steps = self.rounds.finish()
         self.round += 1

@@ -17,7 +17,7 @@ keeps everyone from fetching the same island. A candidate's weight multiplies:
 - load: `1 / (1 + upload share)`, the share of the swarm's upload it already carries;
 - reachability: after a failed exchange a member is skipped for a backoff that doubles with each
   consecutive failure (2 s .. 60 s); a member whose states were refused before mixing (implausible,
-  non-finite) `REFUSALS_TO_DROP` times is never chosen again;
+  non-finite) `REFUSALS_TO_DROP` times in a row is set aside, for longer each time (`SET_ASIDE_S`);
 - variety: the partner of the previous round counts half;
 - model: a member whose record shows another model fingerprint is never a candidate;
 - who can dial whom: a member that runs outbound-only (`reach="outbound"`, behind a NAT) cannot be
@@ -67,13 +67,20 @@ SLOW_PARTNER = 2.0
 """The permutation partner is skipped for a weighted draw when measured this many times slower
 than the median candidate (a home link among datacentre ones: the draw's speed weight decides)."""
 REFUSALS_TO_DROP = 3
-"""A member whose states were refused this many times is never chosen again."""
+"""A member whose states were refused this many times in a row is set aside (`SET_ASIDE_S`)."""
+SET_ASIDE_S = 30.0
+"""How long a member is first set aside after `REFUSALS_TO_DROP` refusals; each later time, 4x longer.
+Not for ever: an attack can push two honest islands apart until each refuses the other, and they
+must be able to mix again once it is over."""
 
 
 @dataclass
 class _PeerHistory:
     rate_bps: float | None = None
     refusals: int = 0
+    """Refusals since the last state of it that was mixed (or since it was last set aside)."""
+    set_aside: int = 0
+    """Times it was set aside for its refusals."""
     failures: int = 0
     retry_after: float = 0.0
 
@@ -195,13 +202,27 @@ class PartnerChooser:
         self.excluded.add(peer_id)
         return new
 
-    def refused(self, peer_id: str) -> bool:
-        """A state of `peer_id` was refused before mixing: back off as after a failure, and drop the
-        member for the rest of the run at the `REFUSALS_TO_DROP`th refusal (True then)."""
+    def refused(self, peer_id: str) -> float | None:
+        """A state of `peer_id` was refused before mixing: back off as after a failure, and at the
+        `REFUSALS_TO_DROP`th refusal in a row set the member aside; returns for how many seconds then
+        (`SET_ASIDE_S`, 4x longer each time), else None."""
         h = self.history.setdefault(peer_id, _PeerHistory())
         h.refusals += 1
         self.failed(peer_id)
-        return h.refusals >= REFUSALS_TO_DROP and self.exclude(peer_id)
+        if h.refusals < REFUSALS_TO_DROP:
+            return None
+        seconds = SET_ASIDE_S * 4 ** h.set_aside
+        h.refusals, h.set_aside, h.retry_after = 0, h.set_aside + 1, self.clock() + seconds
+        return seconds
+
+    def mixed(self, peer_id: str) -> None:
+        """A state of `peer_id` passed every check: its refusals in a row start over."""
+        self.history.setdefault(peer_id, _PeerHistory()).refusals = 0
+
+    def shunned(self, peer_id: str) -> bool:
+        """Whether a state of `peer_id` is not taken now (excluded, or set aside for its refusals)."""
+        h = self.history.get(peer_id)
+        return peer_id in self.excluded or (h is not None and h.set_aside > 0 and h.retry_after > self.clock())
 
     def failed(self, peer_id: str) -> None:
         h = self.history.setdefault(peer_id, _PeerHistory())

@@ -7,8 +7,10 @@ this island's own: they started from the same weights and mix with each other ev
 gate measures the relative distance `r = |phi_j - phi_i| / |phi_i|` of every fetched state and
 refuses one far outside the distances of the states it accepted recently:
 
-- before `MIN_HISTORY` accepted states: `r <= START_BOUND` (a state as far from ours as our own
-  weights are large is no partner's; a random or another run's state lands near sqrt(2));
+- before `MIN_HISTORY` accepted states: `r` within a few of the island's own rounds of progress
+  (`core.influence.START_ROUNDS`), or, before its first outer step, `r <= START_BOUND` (a state as
+  far from ours as our own weights are large is no partner's; a random or another run's state
+  lands near sqrt(2));
 - then `r <= max(RATIO x median, median + SPREAD x 1.4826 x MAD)` over the last `HISTORY` accepted
   distances, robust to the few outliers that get through.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from dataclasses import dataclass
 
 import torch
 
@@ -66,11 +69,55 @@ def relative_distance(own, theirs) -> float:
     return distance(own, theirs) / max(norm(own), 1e-12)
 
 
+@dataclass(frozen=True)
+class Measured:
+    """What a partner's state measured against this island's own, on the thread it arrived on."""
+
+    distance: float
+    """`|phi_j - phi_i| / |phi_i|`: what the gate judges."""
+    gap: float
+    """`|phi_j - phi_i|`: what bounds the mix's weight (`core.influence`)."""
+    anchor_norm: float
+    """`|phi_i|`."""
+    norm: float
+    """`|phi_j|`."""
+    along: float | None = None
+    """How far `phi_j` sits back along this island's progress, `<phi_j - phi_i, m_i> / |m_i|` (None:
+    no momentum yet)."""
+    momentum: float | None = None
+    """`|m_j|`, when the state holds a momentum."""
+
+
+@torch.no_grad()
+def measure(own, theirs, own_m=None, their_m=None, base=None) -> Measured:
+    """Measure `theirs` against the anchor `own` (and its momentum `own_m`) in one pass, slice by
+    slice; `base`: what `theirs` is taken from instead of `own` (public states: the partner's and
+    this island's own, whose difference is what a mix adds to the anchor)."""
+    gap = own_sq = their_sq = along = m_sq = 0.0
+    for i in range(0, own.numel(), CHUNK):
+        a = _slice(own, i)
+        d = _slice(theirs, i, a.device) - (a if base is None else _slice(base, i, a.device))
+        gap += float(d.double().square().sum())
+        own_sq += float(a.double().square().sum())
+        their_sq += float((a.double() + d.double()).square().sum())
+        if own_m is not None:
+            m = _slice(own_m, i, a.device)
+            along += float((d.double() * m).sum())
+            m_sq += float(m.double().square().sum())
+    anchor = math.sqrt(own_sq)
+    return Measured(math.sqrt(gap) / max(anchor, 1e-12), math.sqrt(gap), anchor, math.sqrt(their_sq),
+                    along / math.sqrt(m_sq) if m_sq > 0 else None, None if their_m is None else norm(their_m))
+
+
 class PlausibilityGate:
     """The bound a partner state's relative distance must keep (see the module docstring)."""
 
     def __init__(self) -> None:
         self.accepted: deque[float] = deque(maxlen=HISTORY)
+
+    def median(self) -> float | None:
+        """The median accepted distance (None: none accepted yet)."""
+        return statistics.median(self.accepted) if self.accepted else None
 
     def bound(self) -> float:
         if len(self.accepted) < MIN_HISTORY:
@@ -79,11 +126,13 @@ class PlausibilityGate:
         mad = statistics.median(abs(r - med) for r in self.accepted)
         return max(RATIO * med, med + SPREAD * 1.4826 * mad)
 
-    def judge(self, r: float | None) -> str | None:
-        """None when a state at distance `r` may be mixed (and remembers `r`), else why not."""
+    def judge(self, r: float | None, start: float | None = None) -> str | None:
+        """None when a state at distance `r` may be mixed (and remembers `r`), else why not. `start`:
+        the bound before distances were learned, from the island's own progress (`core.influence`;
+        None: `START_BOUND`)."""
         if r is None:
             return None
-        bound = self.bound()
+        bound = self.bound() if len(self.accepted) >= MIN_HISTORY or start is None else min(start, START_BOUND)
         if not math.isfinite(r) or r > bound:
             return f"implausible: {r:.3g} x this island's weights away, the bound is {bound:.3g}"
         self.accepted.append(r)

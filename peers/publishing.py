@@ -27,7 +27,7 @@ from p2p_diloco.core.public import PublicCopies, PublicState
 from p2p_diloco.exchange.public_views import PublicView
 from p2p_diloco.exchange.server import SnapshotServer
 from p2p_diloco.peers.identity import Identity
-from p2p_diloco.peers.plausibility import distance, norm
+from p2p_diloco.peers.plausibility import measure
 
 
 class Publisher:
@@ -72,14 +72,14 @@ class Publisher:
 
     def partner_copies(self) -> dict:
         """With `exchange="updates"`, what the gossip worker needs to hold its partners' public states
-        (`GossipWorker`'s `copies` and `measure_public`: |pub_partner - pub_own| / |anchor|, how far
-        mixing moves the anchor); else nothing. Called before any state is adopted: every copy
+        (`GossipWorker`'s `copies` and `measure_public`: `pub_partner - pub_own`, what mixing adds to the
+        anchor, measured against it); else nothing. Called before any state is adopted: every copy
         starts at the run's initial weights."""
         if not self.exchange.updates:
             return {}
         initial = self.outer.state.phi.detach().cpu().clone()
         return {"copies": PublicCopies(initial=initial),
-                "measure_public": lambda copy: distance(self.public.pub, copy.pub) / max(norm(self.outer.state.phi), 1e-12)}
+                "measure_public": lambda copy: measure(self.outer.state.phi, copy.pub, self.outer.state.m, base=self.public.pub)}
 
     def restart_public(self) -> None:
         """After the anchor jumped (a catch-up adopted another state): the next publish starts a new

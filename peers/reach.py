@@ -28,6 +28,7 @@ from p2p_diloco.config import DiscoveryConfig, IslandConfig
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.peers.gossip import FetchResult
 from p2p_diloco.peers.identity import Identity
+from p2p_diloco.peers.plausibility import Measured
 
 log = logging.getLogger(__name__)
 TURN_WAIT_S = 5.0
@@ -73,9 +74,9 @@ class Door:
     members: Callable[[], dict[str, IslandRecord]]
     """The member list as discovery shows it."""
     excluded: Callable[[str], bool]
-    """Whether the island no longer mixes that member's states (`PartnerChooser.excluded`)."""
-    measure: Callable[[object], float | None]
-    """The plausibility distance of a state (`GossipWorker.measured`), on the inbox's own thread."""
+    """Whether the island takes no state of that member now (`PartnerChooser.shunned`)."""
+    measure: Callable[[object], Measured | None]
+    """What a state measured (`GossipWorker.measured`, `peers.plausibility.measure`), on the inbox's own thread."""
 
 
 class PushInbox:
@@ -149,8 +150,8 @@ class PushInbox:
         snap = Snapshot(tensors=pushed.tensors, version=m.version, tokens=m.tokens, meta=dict(m.meta), nbytes=m.total,
                         wire_bytes=m.total, seconds=pushed.seconds, endpoint=f"a push from {pushed.address}",
                         stats=None, manifest=m)
-        distance = self.door.measure(snap)
-        result = FetchResult(str(m.meta.get("peer_id")), snap, None, pushed.seconds, m.total, distance=distance,
+        measured = self.door.measure(snap)
+        result = FetchResult(str(m.meta.get("peer_id")), snap, None, pushed.seconds, m.total, measured=measured,
                              pushed=True)
         with self._lock:
             self._result, self._arriving = result, False

@@ -114,6 +114,11 @@ class Rounds:
         """What each fetch asks for (`--exchange auto`: whole states or updates, from the link)."""
         self.last_round_s = 0.0
         """How long the previous round took, start to end."""
+        self.finished = 0
+        """Rounds finished."""
+        self._last_mix: tuple[str | None, int] = (None, 0)
+        """The partner of the last mix, and the rounds finished then."""
+        self._clipped = 0
 
     def begin(self, last_compute_s: float) -> Round:
         """A new round, now (`last_compute_s`: the inner-step time of the previous one)."""
@@ -312,9 +317,12 @@ class Rounds:
     def _count_mix(self, info: dict, pushed: bool = False) -> None:
         """Count a partner's state that was weighed: a mix, or one that arrived too stale to count
         (the last partner is the last one fetched)."""
+        if self.outer.influence.clipped > self._clipped:  # its weight was cut to the bound (`core.influence`)
+            self._clipped, info["bounded"] = self.outer.influence.clipped, True
         if info.get("weight"):
             t = self.tally
             t.mixes += 1
+            self._last_mix = (info["partner"], self.finished)
             if not pushed:
                 t.last_partner, t.last_staleness = info["partner"], info.get("staleness")
             self.changed = True
@@ -322,6 +330,12 @@ class Rounds:
         elif (info.get("staleness") or 0) > self.diloco.max_staleness:
             self.tally.too_stale += 1
             self.alone.arrived_stale(int(info.get("staleness") or 0))
+
+    def suspect(self) -> str | None:
+        """The partner whose state was mixed last, if that was in this round or at the end of the one
+        before: a divergence now is blamed on it (`peers.divergence`)."""
+        partner, at = self._last_mix
+        return partner if partner is not None and at >= self.finished - 1 else None
 
     def finish(self) -> tuple[dict, int]:
         """The round is over: mix what arrived after its last step (pushed or fetched) into the
@@ -347,6 +361,7 @@ class Rounds:
         if rnd.pushed_in:
             info["pushed_in"] = rnd.pushed_in
         self.last_round_s = time.monotonic() - rnd.start
+        self.finished += 1
         running_s, received, *_ = self.gossip.progress() or (0.0, 0)
         rate = self.chooser.measured_rate() or (received / running_s if received and running_s > 1 else None)
         link = Link(rate, self.publisher.state_bytes, time.monotonic() - rnd.start, running_s,

@@ -1,16 +1,20 @@
-"""`p2p-diloco bench attack`: honest islands with one hostile member among them, as processes.
+"""`p2p-diloco bench attack`: honest islands with one more member among them, as processes.
 
 For each kind of poison (`bench/member.py`: NaN, weights x1e6, a random state, another run's
-state) the swarm runs with `honest` honest islands and one hostile island (a test double that
-trains honestly and publishes the poison), all real `join` processes on loopback with the
-default settings and an emulated WAN link; once more without the hostile island, a bystander
-island training alone in another run taking its place on the machine (the honest islands share
-the CPU with as many processes in every run, so only the hostile member differs). Every honest
-island trains the same tokens in every run. The figures: each honest island's final eval loss
-(its anchor on the simulator's held-out batches, as `bench swarm` evaluates) against the run
-without the hostile island, and how many of the hostile island's states the honest ones refused
-and mixed (from their `metrics.jsonl`: one row per round, naming the partner of its exchange and
-the partners refused before it).
+state, a momentum x1e4, weights x1.5, the initial weights, the last change reversed, noise at the
+gate's edge) the swarm runs with `honest` honest islands and one hostile island (a test double
+that trains honestly and publishes the poison), all real `join` processes on loopback with the
+default settings and an emulated WAN link; for each honest difference (`slow`: 10x slower, on a
+tenth of the tokens; `other-data`: trained on another corpus) with one such member, whose states
+must be mixed, not refused; once more without the member, a bystander island training alone in
+another run taking its place on the machine (the honest islands share the CPU with as many
+processes in every run, so only the member differs). Every honest island trains the same tokens
+in every run. The figures: each honest island's final eval loss (its anchor on the simulator's
+held-out batches, as `bench swarm` evaluates) against the run without the member, and how many of
+the member's states the honest ones refused and mixed (from their `metrics.jsonl`: one row per
+round, naming the partner of its exchange and the partners refused before it); of the mixed ones,
+how many the influence bound cut (`core.influence`); in the run without it, how many honest
+states were refused (false refusals).
 """
 
 from __future__ import annotations
@@ -22,43 +26,68 @@ from pathlib import Path
 from p2p_diloco.bench.swarm import rounds
 from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
 from p2p_diloco.peers import checkpoint
+from p2p_diloco.choices import HONEST_MEMBERS, POISONS
+from p2p_diloco.errors import DataError
 from p2p_diloco.peers.demo import Swarm
-from p2p_diloco.choices import POISONS as KINDS
+
+KINDS = POISONS + HONEST_MEMBERS
 
 TOKENS_PER_ISLAND = 368_640
 """What each island of `bench swarm`'s default run trains (1.5M tokens over 4 islands, whole rounds)."""
 
 
-def _run(workdir: Path, honest: int, poison: str | None, tokens: int, latency_ms: float,
+SLOWDOWN = 10.0
+"""How much slower the `slow` member trains (on a tenth of the tokens, so that its run takes as long)."""
+
+
+def other_corpus(workdir: Path) -> Path:
+    """The `other-data` member's corpus, written into `workdir`: this project's documentation in one
+    text file (English prose, where the others train on Python sources)."""
+    root = Path(__file__).resolve().parents[2]
+    docs = sorted(root.glob("*.md")) + sorted((root / "docs").glob("*.md"))
+    if not docs:
+        raise DataError(f"bench attack's other-data member trains on the project's documentation, not found "
+                        f"in {root} (run it from a clone of the repository)")
+    out = workdir / "other-data.txt"
+    out.write_text("\n\n".join(p.read_text(encoding="utf-8") for p in docs), encoding="utf-8")
+    return out
+
+
+def _run(workdir: Path, honest: int, member: str | None, tokens: int, latency_ms: float,
          bandwidth_mbps: float) -> tuple[list[str], str | None]:
-    """One swarm to the end; returns the honest islands' names and the hostile island's peer id."""
+    """One swarm to the end; returns the honest islands' names and the member's peer id."""
     workdir.mkdir(parents=True, exist_ok=True)
     swarm = Swarm(workdir, {"island": {"eval_every": 5}})
     names = [f"honest-{i}" for i in range(honest)]
-    size = honest + (poison is not None)
+    size = honest + (member is not None)
     args = ["--run-id", "attack", "--max-tokens", str(tokens), "--wait-for", str(size), "--quiet"]
-    member = ("bench", "member", "--latency-ms", str(latency_ms), "--bandwidth-mbps", str(bandwidth_mbps))
+    entry = ("bench", "member", "--latency-ms", str(latency_ms), "--bandwidth-mbps", str(bandwidth_mbps))
     try:
         swarm.start_bootstrap()
-        procs = [swarm.start_island(n, args, member) for n in names]
-        if poison is not None:
-            procs.append(swarm.start_island("hostile", [*args, "--poison", poison], member))
-        else:  # the same load on the machine: a fourth island that trains alone, in another run
+        procs = [swarm.start_island(n, args, entry) for n in names]
+        if member == "slow":
+            extra = ["--max-tokens", str(max(1, int(tokens / SLOWDOWN))), "--slowdown", str(SLOWDOWN)]
+        elif member == "other-data":
+            extra = ["--data", str(other_corpus(workdir))]
+        else:
+            extra = ["--poison", str(member)]
+        if member is not None:
+            procs.append(swarm.start_island("member", [*args, *extra], entry))
+        else:  # the same load on the machine: one more island that trains alone, in another run
             procs.append(swarm.start_island("bystander", [*args, "--run-id", "attack-bystander", "--wait-for", "1"],
-                                            member))
+                                            entry))
         for p in procs:
             p.wait()
     finally:
         swarm.stop()
-    hostile = None
-    if poison is not None:
-        hostile = json.loads((workdir / "hostile" / "island.json").read_text())["peer_id"]
-    return names, hostile
+    if member is None:
+        return names, None
+    return names, json.loads((workdir / "member" / "island.json").read_text())["peer_id"]
 
 
 def run_bench_attack(kinds: tuple[str, ...] = KINDS, honest: int = 3, tokens: int = TOKENS_PER_ISLAND,
                      latency_ms: float = 100.0, bandwidth_mbps: float = 1000.0, workdir: Path | None = None) -> dict:
-    """The swarm without a hostile island, then with one of each kind; see the module docstring."""
+    """The swarm without the member, then with one of each kind; see the module docstring."""
     import tempfile
 
     from p2p_diloco.core.data import load_corpus
@@ -75,19 +104,25 @@ def run_bench_attack(kinds: tuple[str, ...] = KINDS, honest: int = 3, tokens: in
     started = time.monotonic()
     names, _ = _run(workdir / "clean", honest, None, tokens, latency_ms, bandwidth_mbps)
     clean = losses(workdir / "clean", names)
-    out = {"honest": honest, "tokens_per_island": tokens, "clean_eval_loss": clean, "attacks": {}}
+    rows = [r for n in names for r in rounds(workdir / "clean" / n)]
+    out = {"honest": honest, "tokens_per_island": tokens, "clean_eval_loss": clean,
+           "clean_false_refusals": sum(len(r.get("refused_from", [])) + bool(r.get("refused")) for r in rows),
+           "clean_mixes": sum(1 for r in rows if r.get("weight")),
+           "clean_mixes_bounded": sum(1 for r in rows if r.get("weight") and r.get("bounded")), "attacks": {}}
     for kind in kinds:
         run_dir = workdir / kind
-        names, hostile = _run(run_dir, honest, kind, tokens, latency_ms, bandwidth_mbps)
+        names, member = _run(run_dir, honest, kind, tokens, latency_ms, bandwidth_mbps)
         attacked = losses(run_dir, names)
         rows = [r for n in names for r in rounds(run_dir / n)]
-        refused_mid_round = sum(r.get("refused_from", []).count(hostile) for r in rows)
-        rows = [r for r in rows if r.get("partner") == hostile]
+        refused_mid_round = sum(r.get("refused_from", []).count(member) for r in rows)
+        rows = [r for r in rows if r.get("partner") == member]
         out["attacks"][kind] = {
             "eval_loss": attacked, "ratio_to_clean": [a / c for a, c in zip(attacked, clean)],
             "worst_ratio_to_clean": max(a / c for a, c in zip(attacked, clean)),
-            "hostile_states_refused": refused_mid_round + sum(1 for r in rows if r.get("refused")),
-            "hostile_states_mixed": sum(1 for r in rows if r.get("weight")),
+            "honest_member": kind in HONEST_MEMBERS,
+            "member_states_refused": refused_mid_round + sum(1 for r in rows if r.get("refused")),
+            "member_states_mixed": sum(1 for r in rows if r.get("weight")),
+            "member_mixes_bounded": sum(1 for r in rows if r.get("weight") and r.get("bounded")),
         }
     out["wall_s"] = round(time.monotonic() - started, 1)
     out["workdir"] = str(workdir)

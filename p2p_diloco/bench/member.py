@@ -9,7 +9,11 @@ two hooks (`trainer_type`, `on_island`), so nothing of them is in the product's 
   (`PoisonedPublisher`), holding the swarm secret and a valid record, like a member gone bad:
   `nan` (its anchor with NaN values, sent as NaN scales of its int8 blocks, as an implementation
   without a finiteness check would), `scale` (its anchor times 1e6), `random` (random values of
-  its anchor's scale), `other-run` (the same training on top of other initial weights).
+  its anchor's scale), `other-run` (the same training on top of other initial weights), and five
+  that pass a distance gate: `momentum` (its anchor, with its outer momentum x1e4), `inflate` (its
+  anchor x1.5), `stuck` (its initial weights every round, as a member whose training is stuck),
+  `reverse` (its last round's change reversed), `noise` (its anchor plus noise at 4x the median
+  distance of the states it accepts itself).
 
 `p2p-diloco bench attack` measures the swarm's defences against each poison (BENCHMARKS.md).
 """
@@ -52,7 +56,8 @@ class SlowTrainer(Trainer):
 class PoisonedPublisher(Publisher):
     """Publishes `kind` (see the module docstring) in place of the island's honest state."""
 
-    def __init__(self, honest: Publisher, kind: str) -> None:
+    def __init__(self, honest: Publisher, kind: str, accepted=lambda: None) -> None:
+        """`accepted()`: the median relative distance of the states this island accepted (None: none yet)."""
         if kind not in KINDS:
             raise ValueError(f"unknown poison {kind!r}; choose one of {', '.join(KINDS)}")
         super().__init__(honest.server, honest.outer, honest.exchange, honest.identity)
@@ -61,6 +66,9 @@ class PoisonedPublisher(Publisher):
         self.gen = torch.Generator().manual_seed(1234)
         self.other_initial = (torch.randn(self.initial.numel(), generator=self.gen) * self.initial.std()
                               + self.initial.mean())
+        self.accepted = accepted
+        self.previous = self.initial
+        """The anchor at the publish before (`reverse`)."""
 
     def tensors(self) -> dict:
         phi = self.outer.state.phi.detach().cpu()
@@ -72,12 +80,24 @@ class PoisonedPublisher(Publisher):
             return {"phi": phi * 1e6}
         if self.kind == "random":
             return {"phi": torch.randn(phi.numel(), generator=self.gen) * phi.std()}
-        return {"phi": phi - self.initial + self.other_initial}
+        if self.kind == "other-run":
+            return {"phi": phi - self.initial + self.other_initial}
+        if self.kind == "momentum":
+            return {"phi": phi, "m": self.outer.state.m.detach().cpu() * 1e4}
+        if self.kind == "inflate":
+            return {"phi": phi * 1.5}
+        if self.kind == "stuck":
+            return {"phi": self.initial}
+        if self.kind == "reverse":
+            previous, self.previous = self.previous, phi.clone()
+            return {"phi": 2 * previous - phi}
+        noise = torch.randn(phi.numel(), generator=self.gen)  # noise
+        return {"phi": phi + noise * (4 * (self.accepted() or 0.0) * phi.norm() / noise.norm())}
 
 
 def poison(island: SwarmIsland, kind: str) -> None:
     """Make `island` publish `kind` from its first publish on."""
-    island.publisher = PoisonedPublisher(island.publisher, kind)
+    island.publisher = PoisonedPublisher(island.publisher, kind, lambda: island.checks.gate.median())
     log.warning("fault injection: %s publishes %s states", island.name, kind)
 
 

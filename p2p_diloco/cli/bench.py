@@ -10,7 +10,7 @@ import click
 from p2p_diloco.bench.round import DEFAULT_PARAMS
 from p2p_diloco.cli.join import join, run_join
 from p2p_diloco.cli.options import codec_option, csv, user_errors
-from p2p_diloco.choices import POISONS
+from p2p_diloco.choices import HONEST_MEMBERS, POISONS
 from p2p_diloco.config import EXCHANGES, MOMENTUM_MODES, UPDATE_CODECS, WIRE_CODECS, DiLoCoConfig
 from p2p_diloco.sim.config import SimConfig
 
@@ -141,30 +141,35 @@ def _round_table(rows: list[dict]) -> None:
 
 
 @bench.command("attack")
-@click.option("--kinds", default=",".join(POISONS), show_default=True, callback=csv(str),
-              help="Poisons the hostile island publishes, one swarm each (nan, scale, random, other-run).")
+@click.option("--kinds", default=",".join(POISONS + HONEST_MEMBERS), show_default=True, callback=csv(str),
+              help="The member beside the honest islands, one swarm each: a poison it publishes (nan, scale, "
+                   "random, other-run, momentum, inflate, stuck, reverse, noise) or an honest difference "
+                   "(slow: 10x slower; other-data: trained on another corpus).")
 @click.option("--honest", type=click.IntRange(2, 8), default=3, show_default=True, help="Honest islands.")
 @click.option("--tokens", type=click.IntRange(min=1), default=368_640, show_default=True,
-              help="Tokens every island trains in every swarm.")
+              help="Tokens every island trains in every swarm (a slow member a tenth of them).")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the runs here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_attack(kinds, honest, tokens, workdir, as_json) -> None:
-    """Honest islands with one hostile member (a test double) against the same swarm without it."""
+    """Honest islands with one more member, hostile (a test double) or honestly different, against
+    the same swarm without it."""
     from p2p_diloco.bench.attack import run_bench_attack
-    unknown = sorted(set(kinds) - set(POISONS))
+    known = POISONS + HONEST_MEMBERS
+    unknown = sorted(set(kinds) - set(known))
     if unknown:
-        raise click.BadParameter(f"unknown {', '.join(unknown)}; choose from {', '.join(POISONS)}", param_hint="--kinds")
+        raise click.BadParameter(f"unknown {', '.join(unknown)}; choose from {', '.join(known)}", param_hint="--kinds")
     with user_errors():
         out = run_bench_attack(tuple(kinds), honest, tokens, workdir=Path(workdir) if workdir else None)
     if as_json:
         click.echo(json.dumps(out))
         return
     clean = out["clean_eval_loss"]
-    click.echo(f"without the hostile island: eval loss {', '.join(f'{x:.4f}' for x in clean)}")
+    click.echo(f"without the member: eval loss {', '.join(f'{x:.4f}' for x in clean)}; honest states refused "
+               f"{out['clean_false_refusals']} of {out['clean_false_refusals'] + out['clean_mixes']}")
     for kind, a in out["attacks"].items():
         click.echo(f"{kind:>10}: eval loss {', '.join(f'{x:.4f}' for x in a['eval_loss'])} "
-                   f"(worst x{a['worst_ratio_to_clean']:.4f} of the clean run); hostile states refused "
-                   f"{a['hostile_states_refused']}, mixed {a['hostile_states_mixed']}")
+                   f"(worst x{a['worst_ratio_to_clean']:.4f} of the clean run); the member's states refused "
+                   f"{a['member_states_refused']}, mixed {a['member_states_mixed']} (bounded {a['member_mixes_bounded']})")
 
 
 RETIRED_FOR_MEMBER = ("--slowdown", "--poison", "--latency-ms", "--bandwidth-mbps")

@@ -17,10 +17,13 @@ with the model beyond a few MiB.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from p2p_diloco.config import DiLoCoConfig, TrainConfig
 from p2p_diloco.core.data import BatchSampler
+from p2p_diloco.core.influence import InfluenceBound
 from p2p_diloco.core.inner import InnerLoop
 from p2p_diloco.core.modes import momentum_mode
 from p2p_diloco.core.outer import OuterState, PartnerState, mix, mix_counters_, mix_slice_, mixing_weight, nesterov_
@@ -36,6 +39,7 @@ class OuterLoop:
         self.slices = ParamSlices(model)
         outer_device = torch.device("cpu") if cfg.offload_outer else self.slices.device
         self.state = OuterState.fresh(self.slices.gather(outer_device))
+        self.influence = InfluenceBound(cfg.outer_momentum)
         self.round_steps = 0
         self.last_loss: float | None = None
 
@@ -52,8 +56,21 @@ class OuterLoop:
         return self.state.phi - self.params_vector()
 
     def weight(self, partner: PartnerState) -> float:
-        """The mixing weight of a partner's state now (0 = skip it; `core.outer.mixing_weight`)."""
-        return mixing_weight(self.cfg, self.state.version, self.state.tokens, partner)
+        """The mixing weight of a partner's state now (0 = skip it; `core.outer.mixing_weight`), cut so
+        that the partner moves the anchor by a bounded amount (`core.influence`)."""
+        a = mixing_weight(self.cfg, self.state.version, self.state.tokens, partner)
+        return a if partner.gap is None or a <= 0 else self.influence.clip(a, partner.gap, self.progress())
+
+    @torch.no_grad()
+    def progress(self) -> float | None:
+        """`D` of `core.influence`: the norm of the island's own pseudo-gradient over a round (before its
+        first outer step, the round's so far, scaled to a whole round; None before its first step)."""
+        d = self.influence.reference()
+        if d is not None or self.round_steps == 0:
+            return d
+        total = sum(float((self.state.phi[i:j] - theta.to(self.state.phi.device, torch.float32)).double().square().sum())
+                    for i, j, theta in self.slices)
+        return math.sqrt(total) * max(1.0, self.cfg.local_steps / self.round_steps)
 
     def weigh(self, partners: list[PartnerState]) -> list[tuple[PartnerState, float]]:
         """Pair each arrived partner state with its mixing weight (0 = skipped)."""
@@ -102,12 +119,18 @@ class OuterLoop:
         """
         weighted = self.weigh(partners)
         s, lr, mu = self.state, self.cfg.outer_lr, self.cfg.outer_momentum
+        sums = torch.zeros(3, dtype=torch.float64, device=s.phi.device)  # |delta|^2, <step, m>, |m|^2
         for i, j, theta in self.slices:
             own = s.phi[i:j] - theta.to(s.phi.device, torch.float32, non_blocking=True) if delta is None else delta[i:j]
             for partner, a in weighted:
                 if a > 0:
                     mix_slice_(s, partner, a, self.momentum, i, j)
-            nesterov_(s.phi[i:j], s.m[i:j], own, lr, mu)
+            sums[0] += own.double().square().sum()
+            step = nesterov_(s.phi[i:j], s.m[i:j], own, lr, mu)
+            sums[1] += (step.double() * s.m[i:j]).sum()
+            sums[2] += s.m[i:j].double().square().sum()
+        own_sq, along, m_sq = sums.tolist()
+        self.influence.own_round(math.sqrt(own_sq), lr * along / math.sqrt(m_sq) if m_sq > 0 else None)
         for partner, a in weighted:
             if a > 0:
                 mix_counters_(s, partner, a, self.cfg)

@@ -51,15 +51,21 @@ class PartnerState:
     tokens: int
     peer: str = ""
     extra: dict = field(default_factory=dict)
+    gap: float | None = None
+    """`|phi_j - phi_i|` as measured when the state arrived (`peers.plausibility`); the mix's weight is
+    bounded by it (`core.influence`). None: not measured (the simulator's honest partners)."""
 
 
-def nesterov_(phi: torch.Tensor, m: torch.Tensor, delta: torch.Tensor, lr: float, mu: float) -> None:
-    """Outer Nesterov step in place: `m <- mu m + delta`, `phi <- phi - lr (delta + mu m)`.
+def nesterov_(phi: torch.Tensor, m: torch.Tensor, delta: torch.Tensor, lr: float, mu: float) -> torch.Tensor:
+    """Outer Nesterov step in place: `m <- mu m + delta`, `phi <- phi - lr (delta + mu m)`; returns
+    `delta + mu m` (the step, before the learning rate).
 
     Works on whole vectors or on matching slices of them (an island steps slice by slice).
     """
     m.mul_(mu).add_(delta)
-    phi.sub_(delta + mu * m, alpha=lr)
+    step = delta + mu * m
+    phi.sub_(step, alpha=lr)
+    return step
 
 
 def counted_tokens(cfg: DiLoCoConfig, own_tokens: int, claimed: int) -> int:

@@ -114,7 +114,7 @@ def test_a_finished_fetch_is_never_lost_to_a_new_one(server):
     _publish(server, 2)
     assert not worker.start(_record(server, 2))  # refused: the finished state waits to be taken
     first = worker.take()
-    assert first.snapshot.version == 1 and first.distance == 0.25 and worker.take() is None
+    assert first.snapshot.version == 1 and first.measured == 0.25 and worker.take() is None
     _wait_for(lambda: not worker.busy, 10, "the first fetch's thread to close its connection")
     assert worker.start(_record(server, 2))
     assert _result(worker).snapshot.version == 2
@@ -145,7 +145,7 @@ def test_a_worker_follows_a_partners_public_state_and_refuses_one_that_drifted(s
         publish()
         assert worker.start(_record(server, version))
         result = _result(worker)
-        assert result.public is not None and result.distance == 0.5 and torch.equal(result.public.pub, sender.pub)
+        assert result.public is not None and result.measured == 0.5 and torch.equal(result.public.pub, sender.pub)
         assert list(result.snapshot.tensors) == [f"u{version}"] and result.public.version == version
     publish(digest="0" * 16)
     assert worker.start(_record(server, 3))

@@ -57,7 +57,7 @@ def test_one_pushed_state_per_round_then_busy_and_a_failed_push_frees_the_room()
         assert time.monotonic() < deadline
         time.sleep(0.01)
     result = inbox.take()
-    assert result.pushed and result.peer_id == "nat" and result.distance == 0.25 and result.snapshot.version == 3
+    assert result.pushed and result.peer_id == "nat" and result.measured == 0.25 and result.snapshot.version == 3
     assert inbox.admit(_manifest("other")[0])[0] == "busy"  # this round took one already
     inbox.new_round()
     assert inbox.admit(_manifest("other")[0]) is None

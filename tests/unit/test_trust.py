@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from p2p_diloco.core import codecs
-from p2p_diloco.peers.partners import REFUSALS_TO_DROP, PartnerChooser
+from p2p_diloco.peers.partners import REFUSALS_TO_DROP, SET_ASIDE_S, PartnerChooser
 from p2p_diloco.peers.plausibility import MIN_HISTORY, START_BOUND, PlausibilityGate, relative_distance
 
 pytestmark = pytest.mark.timeout(60)
@@ -45,10 +45,18 @@ def test_the_gate_refuses_what_no_honest_partner_sends_and_learns_the_swarms_dis
     assert gate.judge(float("nan")) is not None and gate.judge(None) is None
 
 
-def test_a_partner_refused_again_and_again_is_dropped_for_good():
-    c = PartnerChooser("me", clock=lambda: 0.0)
-    assert not any(c.refused("bad") for _ in range(REFUSALS_TO_DROP - 1))
-    assert c.refused("bad") and "bad" in c.excluded
+def test_a_partner_refused_again_and_again_is_set_aside_for_longer_each_time_not_for_ever():
+    now = [0.0]
+    c = PartnerChooser("me", clock=lambda: now[0])
+    assert all(c.refused("bad") is None for _ in range(REFUSALS_TO_DROP - 1))
+    assert c.refused("bad") == SET_ASIDE_S and c.shunned("bad") and "bad" not in c.excluded
+    now[0] = SET_ASIDE_S + 1  # an attack that pushed two honest islands apart is over: they mix again
+    assert not c.shunned("bad")
+    assert all(c.refused("bad") is None for _ in range(REFUSALS_TO_DROP - 1))
+    assert c.refused("bad") == 4 * SET_ASIDE_S
+    c.mixed("good")
+    c.refused("good"), c.refused("good"), c.mixed("good")  # refusals in a row: a mixed state starts them over
+    assert c.refused("good") is None and not c.shunned("good")
 
 
 def test_a_diverging_island_rolls_back_to_its_anchor_and_never_checkpoints_nan(tmp_path):

@@ -1,0 +1,118 @@
+"""How far one partner may move an island: bounds learned from the island's own rounds.
+
+The plausibility gate (`peers.plausibility`) refuses a state far outside the distances the island
+accepted before; what it lets through is mixed with weight `a`, so a member can place its state
+anywhere inside that radius, or publish a plausible anchor beside an implausible momentum. Each
+bound here is measured in `D`, the norm of the island's own pseudo-gradient over a round (the median
+of its last `HISTORY` rounds): what partners send does not move it, so no partner widens a bound by
+being mixed, as it would widen one learned from the island's own anchor or momentum.
+
+- **Influence** (as BTARD's CenteredClip clips every peer's contribution to a radius around the
+  centre; here the centre is the island's own anchor): a partner moves the anchor by at most
+  `CLIP x D`, its weight `a` becoming `min(a, CLIP x D / |phi_j - phi_i|)`.
+- **Momentum**: refused when its norm exceeds `MOMENTUM_RATIO x D / (1 - mu)`; an honest momentum
+  sums pseudo-gradients decaying by mu, so its norm stays under `D / (1 - mu)`.
+- **Size**: a state whose anchor's norm differs from the island's own by more than `SIZE_ROUNDS x D`
+  is refused: an honest partner's weights grow or shrink as the island's own do, a round's progress
+  apart at most, while a scaled state (x1.5) can sit closer than honest partners do early on, when
+  the weights move fast.
+- **Behind**: a state that sits more than `BEHIND_ROUNDS` of the island's own rounds back along the
+  direction it progresses in (its momentum), beyond the versions the state's own version lags, is
+  refused: stuck training, a restored old checkpoint or a reversed change passes a distance gate,
+  but not this.
+- **Start**: until the gate has learned distances, a state farther than `START_ROUNDS x D` is refused
+  (a fixed relative bound of 1.0 let an anchor x1.5 through).
+
+Before the island's first outer step, `D` is the pseudo-gradient of the round so far, scaled to a
+whole round (`core.island.OuterLoop.progress`). BENCHMARKS.md ("A hostile member") measures what
+each bound buys.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+
+HISTORY = 8
+"""Rounds of the island's own progress remembered."""
+CLIP = 2.0
+"""A partner moves the anchor by at most this many of the island's own rounds' pseudo-gradients."""
+MOMENTUM_RATIO = 3.0
+"""A partner's momentum may be this many times the norm an honest one reaches."""
+SIZE_ROUNDS = 2.0
+"""A state's anchor norm may differ from the island's own by this many rounds of its progress."""
+BEHIND_ROUNDS = 1.5
+"""A state may sit this many rounds back along the island's progress, beyond its version's lag."""
+START_ROUNDS = 8.0
+"""The gate's bound before it learned distances, in rounds of the island's own progress."""
+
+
+class InfluenceBound:
+    """The island's own progress per round, and the bounds it sets (see the module docstring)."""
+
+    def __init__(self, outer_momentum: float) -> None:
+        self.mu = outer_momentum
+        self.deltas: deque[float] = deque(maxlen=HISTORY)
+        """Norms of the island's own last pseudo-gradients."""
+        self.advances: deque[float] = deque(maxlen=HISTORY)
+        """How far each of the island's own last outer steps moved the anchor along its momentum."""
+        self.clipped = 0
+        """Mixes whose weight the bound cut."""
+
+    def own_round(self, delta_norm: float, advance: float | None = None) -> None:
+        """One outer step: its pseudo-gradient's norm and its advance along the momentum."""
+        if math.isfinite(delta_norm) and delta_norm > 0:
+            self.deltas.append(delta_norm)
+        if advance is not None and math.isfinite(advance) and advance > 0:
+            self.advances.append(advance)
+
+    def reference(self) -> float | None:
+        """`D`, from the rounds remembered (None: no outer step yet)."""
+        return statistics.median(self.deltas) if self.deltas else None
+
+    def clip(self, a: float, gap: float | None, d: float | None) -> float:
+        """The weight of a partner at distance `gap` from the anchor, at most `CLIP x d / gap`."""
+        if gap is None or d is None or a <= 0 or a * gap <= CLIP * d:
+            return a
+        self.clipped += 1
+        return CLIP * d / gap
+
+    def momentum(self, norm: float | None, d: float | None) -> str | None:
+        """Why a partner's momentum of this norm is refused (None: it is not)."""
+        if norm is None or d is None:
+            return None
+        bound = MOMENTUM_RATIO * d / (1 - self.mu)
+        if math.isfinite(norm) and norm <= bound:
+            return None
+        return (f"implausible momentum: norm {norm:.3g}, the bound is {bound:.3g} ({MOMENTUM_RATIO:g} x what "
+                f"this island's own pseudo-gradients sum to)")
+
+    @staticmethod
+    def size(norm: float, own_norm: float, d: float | None) -> str | None:
+        """Why a state whose anchor has norm `norm` is refused, against the island's own `own_norm`
+        (None: it is not)."""
+        if d is None or abs(norm - own_norm) <= SIZE_ROUNDS * d:
+            return None
+        return (f"implausible size: its weights' norm is {norm / max(own_norm, 1e-12):.3g} x this island's, "
+                f"{abs(norm - own_norm) / d:.1f} of its rounds of progress apart (bound {SIZE_ROUNDS:g})")
+
+    def rounds_behind(self, along: float | None) -> float | None:
+        """How many of the island's own rounds a state sits back along its progress (None: unknown)."""
+        return None if along is None or not self.advances else along / statistics.median(self.advances)
+
+    def behind(self, along: float | None, lag: int) -> str | None:
+        """Why a state `along` back along the island's progress (anchor units), `lag` versions behind,
+        is refused (None: it is not)."""
+        rounds = self.rounds_behind(along)
+        if rounds is None or rounds <= max(0, lag) + BEHIND_ROUNDS:
+            return None
+        return (f"behind: {rounds:.1f} of this island's rounds back along its progress at {max(0, lag)} "
+                f"versions' lag (bound {BEHIND_ROUNDS:g} more): stuck, old or reversed training")
+
+    @staticmethod
+    def start_bound(d: float | None, anchor_norm: float | None) -> float | None:
+        """The gate's relative bound before it learned distances (None: nothing to learn it from)."""
+        if d is None or not anchor_norm:
+            return None
+        return START_ROUNDS * d / anchor_norm

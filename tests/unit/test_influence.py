@@ -1,0 +1,117 @@
+"""The bounds of `core.influence` on islands that trained: what each of a member's poisons meets.
+
+Two islands of a small model train a few rounds from the same weights, mixing each other's states;
+then each kind of state a broken or hostile member publishes (`bench member --poison`) is measured
+against one of them as a partner's state arriving is (`peers.plausibility.measure`) and judged as
+`peers.checks.PartnerChecks` judges it.
+"""
+
+import pytest
+import torch
+
+from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
+from p2p_diloco.core.data import BatchSampler
+from p2p_diloco.core.influence import CLIP, InfluenceBound
+from p2p_diloco.core.island import Island
+from p2p_diloco.core.model import build_model
+from p2p_diloco.core.outer import PartnerState
+from p2p_diloco.peers.checks import PartnerChecks
+from p2p_diloco.peers.plausibility import measure
+
+ROUNDS = 6
+
+
+def _island(name: str, seed: int) -> Island:
+    torch.manual_seed(0)  # the same initial weights, other data
+    model = build_model(ModelConfig(n_layer=1, n_embd=32, n_head=2, block_size=16))
+    data = torch.randint(0, 256, (1 << 14,), generator=torch.Generator().manual_seed(seed), dtype=torch.int64).to(torch.uint8)
+    return Island(name, model, TrainConfig(batch_size=4, warmup_steps=0, lr=3e-3), DiLoCoConfig(local_steps=5),
+                  BatchSampler(data, 16, 4, seed=seed))
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """Two islands after `ROUNDS` rounds of mixing each other's states, and their initial weights;
+    the anchor and momentum of the second before its last round (what `reverse` needs)."""
+    a, b = _island("a", 1), _island("b", 2)
+    initial = a.state.phi.clone()
+    before = None
+    for _ in range(ROUNDS):
+        for isl in (a, b):
+            for _ in range(isl.cfg.local_steps):
+                isl.inner_step()
+        sa, sb = a.state.clone(), b.state.clone()
+        before = sb.phi.clone()
+        a.end_round([PartnerState(sb.phi, sb.m, sb.version, sb.tokens)])
+        b.end_round([PartnerState(sa.phi, sa.m, sa.version, sa.tokens)])
+    return a, b, initial, before
+
+
+def _judge(island: Island, phi: torch.Tensor, m: torch.Tensor | None = None, version: int | None = None,
+           honest: float = 0.0):
+    """Why `island` refuses this state (None: it does not), what it measured, and the weight it
+    would mix it with; its gate has learned the distance `honest` (0: it has learned nothing)."""
+    checks = PartnerChecks(None, island, None, None, None)
+    for _ in range(4 if honest else 0):
+        checks.gate.accepted.append(honest)
+    state = PartnerState(phi, m, island.state.version if version is None else version, island.state.tokens)
+    measured = measure(island.state.phi, phi, island.state.m, m)
+    why = checks.judge(state, measured)
+    weight = island.weight(PartnerState(phi, m, state.version, state.tokens, gap=measured.gap))
+    return why, measured, weight
+
+
+def test_an_honest_partner_passes_and_its_mix_is_not_cut(trained):
+    a, b, _, _ = trained
+    why, measured, weight = _judge(a, b.state.phi, b.state.m)  # judged by the start bound
+    assert why is None and weight == pytest.approx(0.5)
+    assert weight * measured.gap <= CLIP * a.progress()  # the honest mix sits inside the bound
+
+
+def test_each_poison_is_refused_or_its_influence_bounded(trained):
+    a, b, initial, before = trained
+    phi, m = b.state.phi, b.state.m
+    honest = measure(a.state.phi, phi).distance
+    refused = {
+        "momentum x1e4": _judge(a, phi, m * 1e4, honest=honest)[0],
+        "anchor x1.5": _judge(a, phi * 1.5, m)[0],  # by the start bound, before the gate learned
+        "initial weights": _judge(a, initial, m, honest=honest)[0],
+        "last change reversed": _judge(a, 2 * before - phi, m, honest=honest)[0],
+    }
+    assert "implausible momentum" in refused["momentum x1e4"]
+    assert "implausible" in refused["anchor x1.5"]
+    assert "behind" in refused["initial weights"]
+    assert "behind" in refused["last change reversed"]
+    # noise at 4x the median distance accepted: let through by the gate, moved by at most CLIP rounds
+    noise = torch.randn(phi.numel(), generator=torch.Generator().manual_seed(0))
+    noisy = phi + noise * (4 * honest * a.state.phi.norm() / noise.norm())
+    why, measured, weight = _judge(a, noisy, m, honest=honest)
+    assert why is None and weight * measured.gap == pytest.approx(min(0.5 * measured.gap, CLIP * a.progress()), rel=1e-6)
+
+
+def test_a_stale_partner_is_judged_at_its_lag():
+    """A state as far back along the island's progress as its version is behind is an honest, stale one."""
+    bound = InfluenceBound(outer_momentum=0.5)
+    for _ in range(3):
+        bound.own_round(1.0, advance=0.4)
+    assert bound.behind(along=0.4 * 3, lag=2) is None
+    assert "behind" in bound.behind(along=0.4 * 4, lag=2)
+    assert bound.behind(along=None, lag=0) is None and InfluenceBound(0.5).behind(along=10.0, lag=0) is None
+
+
+def test_the_weight_is_cut_to_the_bound_and_counted():
+    bound = InfluenceBound(outer_momentum=0.5)
+    assert bound.clip(0.5, gap=10.0, d=None) == 0.5  # nothing to learn from yet
+    assert bound.clip(0.5, gap=1.0, d=1.0) == 0.5 and bound.clipped == 0
+    assert bound.clip(0.5, gap=10.0, d=1.0) == pytest.approx(CLIP / 10.0) and bound.clipped == 1
+
+
+def test_before_its_first_outer_step_an_island_measures_its_progress_so_far():
+    isl = _island("c", 3)
+    assert isl.progress() is None  # no step at all: the gate's fixed start bound applies
+    for _ in range(2):
+        isl.inner_step()
+    partial = (isl.state.phi - isl.params_vector()).norm().item()
+    assert isl.progress() == pytest.approx(partial * isl.cfg.local_steps / 2, rel=1e-4)
+    isl.end_round([])
+    assert isl.influence.reference() is not None and isl.progress() == isl.influence.reference()
