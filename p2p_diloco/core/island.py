@@ -125,10 +125,10 @@ class OuterLoop:
             for partner, a in weighted:
                 if a > 0:
                     mix_slice_(s, partner, a, self.momentum, i, j)
-            sums[0] += own.double().square().sum()
+            sums[0] += torch.dot(own, own)
             step = nesterov_(s.phi[i:j], s.m[i:j], own, lr, mu)
-            sums[1] += (step.double() * s.m[i:j]).sum()
-            sums[2] += s.m[i:j].double().square().sum()
+            sums[1] += torch.dot(step, s.m[i:j])
+            sums[2] += torch.dot(s.m[i:j], s.m[i:j])
         own_sq, along, m_sq = sums.tolist()
         self.influence.own_round(math.sqrt(own_sq), lr * along / math.sqrt(m_sq) if m_sq > 0 else None)
         for partner, a in weighted:
