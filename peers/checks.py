@@ -75,7 +75,7 @@ class PartnerChecks:
         self.chooser.mixed(result.peer_id)
         if measured is not None:
             info["distance"] = round(measured.distance, 6)
-            state = replace(state, gap=measured.gap)
+            state = replace(state, gap=measured.trained)
             info.update(self.figures(measured))
         return state, info
 
@@ -88,13 +88,13 @@ class PartnerChecks:
         bound, d = self.outer.influence, self.outer.progress()
         return (bound.momentum(measured.momentum, d) or bound.size(measured.norm, measured.anchor_norm, d)
                 or bound.behind(measured.along, self.outer.state.version - state.version)
-                or self.gate.judge(measured.distance, bound.start_bound(d, measured.anchor_norm)))
+                or self.gate.judge(measured.distance, bound.start_bound(d, measured.anchor_norm, measured.noise)))
 
     def figures(self, measured: Measured) -> dict:
         """Where an admitted state sits, in the island's own rounds of progress, for the round's row:
         its distance (`rounds_away`) and how far back along the progress (`behind`)."""
         d, behind = self.outer.progress(), self.outer.influence.rounds_behind(measured.along)
-        out = {} if not d else {"rounds_away": round(measured.gap / d, 3)}
+        out = {} if not d else {"rounds_away": round(measured.trained / d, 3)}
         return out if behind is None else {**out, "behind": round(behind, 3)}
 
     def refuse(self, peer_id: str, why: str, info: dict) -> tuple[None, dict]:

@@ -12,9 +12,8 @@ user's loop takes the inner steps; `step()`, called after each one, does the res
 them (`peers.rounds`: keep a fetch going, mix what arrived, end the round), never waiting on the
 network; a round's end takes the outer step, publishes, announces, logs and checkpoints.
 
-`done` turns True at a `step()` that ended the island's budget (rounds, tokens, seconds) or
-followed `stop()`; under torchrun every rank sees it at the same step (`peers.distributed`).
-`p2p-diloco join` is a user of this class (`peers.runner`).
+`done` turns True at a `step()` that ended the island's budget (rounds, tokens, seconds) or followed
+`stop()`; under torchrun every rank sees it at the same step (`peers.distributed`). `join` uses it.
 """
 
 from __future__ import annotations
@@ -51,6 +50,7 @@ from p2p_diloco.peers.plausibility import measure
 from p2p_diloco.peers.publishing import Publisher
 from p2p_diloco.peers.reach import Door, PushInbox, check_reach
 from p2p_diloco.peers.rounds import ANNOUNCE_EVERY_S, Rounds, Tally
+from p2p_diloco.peers.rundir import RunDirLock
 from p2p_diloco.peers.state import DISCOVERY_SETTLE_S, STALE_LAG, ModelExtras, StateSource, resume
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,7 @@ class SwarmIsland:
         self.tokens_per_step = tokens_per_step
         self.inbox = PushInbox()
         discovery = discovery or DiscoveryConfig()
+        self._run_dir = RunDirLock(self.cfg.run_dir)  # one island per run directory (`peers.rundir`)
         self.server = SnapshotServer(f"tcp://{discovery.host}:{self.cfg.port}", self.network, secret=discovery.secret,
                                      announce_host=discovery.announce_host, pushes=self.inbox, link=link)
         try:  # who can dial us decides how discovery runs (an outbound-only DHT node is a client)
@@ -86,7 +87,7 @@ class SwarmIsland:
                 discovery = dataclasses.replace(discovery, outbound_only=True)
             self.membership = open_membership(discovery)
         except BaseException:
-            self.server.close()
+            self.server.close(), self._run_dir.release()
             raise
         try:
             self.peer_id = self.membership.peer_id
@@ -95,8 +96,7 @@ class SwarmIsland:
             self.identity = Identity(self.peer_id, self.cfg.name or self.peer_id[:8], fingerprint(model),
                                      weights_digest(self.outer.state.phi))
         except BaseException:
-            self.membership.shutdown()
-            self.server.close()
+            self.membership.shutdown(), self.server.close(), self._run_dir.release()
             raise
         self.publisher = Publisher(self.server, self.outer, self.exchange, self.identity)
         self.source = StateSource(self.identity, self.outer, self.membership, self.network, discovery.secret,
@@ -104,8 +104,8 @@ class SwarmIsland:
         self.guard = DivergenceGuard(self.name, self.outer, optimizer, scheduler,
                                      on_blame=lambda peer, why: self.checks.refuse(peer, why, {}))
         self.gossip = GossipWorker(self.network, secret=discovery.secret, timeout_s=self.network.fetch_timeout_s,
-                                   measure=lambda snap: measure(self.outer.state.phi, snap.tensors["phi"], self.outer.state.m,
-                                                                snap.tensors.get("m")),
+                                   measure=lambda snap: measure(self.outer.state.phi, snap.tensors["phi"],
+                                                                self.outer.state.m, snap.tensors.get("m")),
                                    push_source=self.server.latest if self.reach.mode == "outbound" else None,
                                    relay=self.reach.relay, link=link, **self.publisher.partner_copies())
         self.chooser = PartnerChooser(self.peer_id, self.diloco.max_staleness, model=self.identity.model,
@@ -284,9 +284,8 @@ class SwarmIsland:
         self._stop_sent = cmd == STOP
 
     def close(self) -> dict[str, Any]:
-        """Leave cleanly: abandon the fetch, checkpoint, evaluate, remove the record, close sockets.
-        Returns the island's summary (safe to call twice)."""
-        if self._closed:
+        """Leave cleanly: abandon the fetch, checkpoint, evaluate, remove the record, close sockets; the summary."""
+        if self._closed:  # (safe to call twice)
             return self._summary
         self._closed, self.state = True, "leaving"
         steps = [("telling the other ranks", lambda: self._tell_ranks(STOP)),
@@ -294,7 +293,8 @@ class SwarmIsland:
         if self._started:
             steps += [("checkpoint", self.save_checkpoint), ("final evaluation", self._final_eval)]
         steps += [("leave", self.membership.leave), ("membership shutdown", self.membership.shutdown),
-                  ("server close", self.server.close), ("metrics close", self.metrics.close)]
+                  ("server close", self.server.close), ("metrics close", self.metrics.close),
+                  ("run directory", self._run_dir.release)]
         interrupted: BaseException | None = None
         for name, step in steps:
             if interrupted is not None and name in ("checkpoint", "final evaluation"):

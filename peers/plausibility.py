@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from p2p_diloco.core.codecs import EncodedVector, rounding_error
 from p2p_diloco.core.params import CHUNK
 
 HISTORY = 32
@@ -86,6 +87,13 @@ class Measured:
     no momentum yet)."""
     momentum: float | None = None
     """`|m_j|`, when the state holds a momentum."""
+    noise: float = 0.0
+    """What its encoding took from `phi_j` (`codecs.rounding_error`): part of `gap` that no training made."""
+
+    @property
+    def trained(self) -> float:
+        """`gap` less the encoding's rounding (the two are all but orthogonal)."""
+        return math.sqrt(max(0.0, self.gap ** 2 - self.noise ** 2))
 
 
 @torch.no_grad()
@@ -106,7 +114,8 @@ def measure(own, theirs, own_m=None, their_m=None, base=None) -> Measured:
             m_sq += float(m.double().square().sum())
     anchor = math.sqrt(own_sq)
     return Measured(math.sqrt(gap) / max(anchor, 1e-12), math.sqrt(gap), anchor, math.sqrt(their_sq),
-                    along / math.sqrt(m_sq) if m_sq > 0 else None, None if their_m is None else norm(their_m))
+                    along / math.sqrt(m_sq) if m_sq > 0 else None, None if their_m is None else norm(their_m),
+                    rounding_error(theirs) if isinstance(theirs, EncodedVector) else 0.0)
 
 
 class PlausibilityGate:

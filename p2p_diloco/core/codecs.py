@@ -253,6 +253,16 @@ def encode_into(dst: torch.Tensor, x: torch.Tensor, codec: str, chunk: int = 1 <
         codes[i // per_byte : i // per_byte + enc.numel() - 4 * b].copy_(enc[4 * b :])
 
 
+def rounding_error(v: "EncodedVector") -> float:
+    """The expected norm of what encoding took from the values `v` holds (`|x - decode(encode(x))|`),
+    from its scales alone: a block codec rounds to steps of its block's scale, an error uniform over
+    a step, `scale / sqrt(12)` per value (0 for the codecs without scales)."""
+    if v.codec not in ("int8", "int4"):
+        return 0.0
+    scales = v.buf[: 4 * math.ceil(v.total / INT8_BLOCK)].view(torch.float32).double()
+    return math.sqrt(float(scales.square().sum()) * INT8_BLOCK / 12 * v.length / max(v.total, 1))
+
+
 class EncodedVector:
     """A flat fp32 vector kept in its encoded bytes, decoded a slice at a time.
 

@@ -4,12 +4,14 @@ The plausibility gate (`peers.plausibility`) refuses a state far outside the dis
 accepted before; what it lets through is mixed with weight `a`, so a member can place its state
 anywhere inside that radius, or publish a plausible anchor beside an implausible momentum. Each
 bound here is measured in `D`, the norm of the island's own pseudo-gradient over a round (the median
-of its last `HISTORY` rounds): what partners send does not move it, so no partner widens a bound by
+of its last `HISTORY` rounds, or the last if larger): what partners send does not move it, so no partner widens a bound by
 being mixed, as it would widen one learned from the island's own anchor or momentum.
 
 - **Influence** (as BTARD's CenteredClip clips every peer's contribution to a radius around the
   centre; here the centre is the island's own anchor): a partner moves the anchor by at most
-  `CLIP x D`, its weight `a` becoming `min(a, CLIP x D / |phi_j - phi_i|)`.
+  `CLIP x D`, its weight `a` becoming `min(a, CLIP x D / |phi_j - phi_i|)`, the distance less what
+  the state's encoding rounded off (`codecs.rounding_error`: int8 rounds a 124M state by about 0.5%
+  of its norm, far more than a round of warmup moves it).
 - **Momentum**: refused when its norm exceeds `MOMENTUM_RATIO x D / (1 - mu)`; an honest momentum
   sums pseudo-gradients decaying by mu, so its norm stays under `D / (1 - mu)`.
 - **Size**: a state whose anchor's norm differs from the island's own by more than `SIZE_ROUNDS x D`
@@ -68,8 +70,9 @@ class InfluenceBound:
             self.advances.append(advance)
 
     def reference(self) -> float | None:
-        """`D`, from the rounds remembered (None: no outer step yet)."""
-        return statistics.median(self.deltas) if self.deltas else None
+        """`D`, from the rounds remembered (None: no outer step yet): their median, or the last round's
+        if larger (the rounds grow while the learning rate warms up)."""
+        return max(statistics.median(self.deltas), self.deltas[-1]) if self.deltas else None
 
     def clip(self, a: float, gap: float | None, d: float | None) -> float:
         """The weight of a partner at distance `gap` from the anchor, at most `CLIP x d / gap`."""
@@ -99,7 +102,9 @@ class InfluenceBound:
 
     def rounds_behind(self, along: float | None) -> float | None:
         """How many of the island's own rounds a state sits back along its progress (None: unknown)."""
-        return None if along is None or not self.advances else along / statistics.median(self.advances)
+        if along is None or not self.advances:
+            return None
+        return along / max(statistics.median(self.advances), self.advances[-1])
 
     def behind(self, along: float | None, lag: int) -> str | None:
         """Why a state `along` back along the island's progress (anchor units), `lag` versions behind,
@@ -111,8 +116,9 @@ class InfluenceBound:
                 f"versions' lag (bound {BEHIND_ROUNDS:g} more): stuck, old or reversed training")
 
     @staticmethod
-    def start_bound(d: float | None, anchor_norm: float | None) -> float | None:
-        """The gate's relative bound before it learned distances (None: nothing to learn it from)."""
+    def start_bound(d: float | None, anchor_norm: float | None, noise: float = 0.0) -> float | None:
+        """The gate's relative bound before it learned distances (None: nothing to learn it from);
+        `noise`: what the state's encoding rounded off, which adds to any distance."""
         if d is None or not anchor_norm:
             return None
-        return START_ROUNDS * d / anchor_norm
+        return math.hypot(START_ROUNDS * d, noise) / anchor_norm

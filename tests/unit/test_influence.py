@@ -115,3 +115,17 @@ def test_before_its_first_outer_step_an_island_measures_its_progress_so_far():
     assert isl.progress() == pytest.approx(partial * isl.cfg.local_steps / 2, rel=1e-4)
     isl.end_round([])
     assert isl.influence.reference() is not None and isl.progress() == isl.influence.reference()
+
+
+def test_the_rounding_of_an_encoded_state_is_estimated_from_its_scales():
+    """What int8 rounds off a state is part of every distance, and no partner's training: measured
+    from the scales alone, it matches the real rounding error."""
+    from p2p_diloco.core import codecs
+
+    x = torch.randn(1 << 16, generator=torch.Generator().manual_seed(0)) * 0.02
+    for codec in ("int8", "int4"):
+        enc = codecs.EncodedVector(codecs.encode(x, codec), codec, x.numel())
+        real = (x - codecs.roundtrip(x, codec)).norm().item()
+        assert codecs.rounding_error(enc) == pytest.approx(real, rel=0.05)
+        assert codecs.rounding_error(enc[: x.numel() // 2]) == pytest.approx(real / 2 ** 0.5, rel=0.05)
+    assert codecs.rounding_error(codecs.EncodedVector(codecs.encode(x, "fp32"), "fp32", x.numel())) == 0.0
