@@ -102,9 +102,7 @@ class InfluenceBound:
 
     def rounds_behind(self, along: float | None) -> float | None:
         """How many of the island's own rounds a state sits back along its progress (None: unknown)."""
-        if along is None or not self.advances:
-            return None
-        return along / max(statistics.median(self.advances), self.advances[-1])
+        return None if along is None or not self.advances else along / statistics.median(self.advances)
 
     def behind(self, along: float | None, lag: int) -> str | None:
         """Why a state `along` back along the island's progress (anchor units), `lag` versions behind,
