@@ -66,7 +66,8 @@ class PartnerChecks:
         except TransportError as e:  # another model or run: it never changes, so never again
             self.chooser.exclude(result.peer_id)
             return self.refuse(result.peer_id, str(e), info)
-        why, measured = self.judge(state, result.measured), result.measured
+        measured, d = result.measured, self.outer.progress()  # (a pass over the weights before the first outer step)
+        why = self.judge(state, measured, d)
         if why is not None:
             if state.version >= self.outer.state.version + STALE_LAG:
                 self.catch_up_from(result.peer_id, state.version)  # this island may be the stale one
@@ -76,24 +77,24 @@ class PartnerChecks:
         if measured is not None:
             info["distance"] = round(measured.distance, 6)
             state = replace(state, gap=measured.trained)
-            info.update(self.figures(measured))
+            info.update(self.figures(measured, d))
         return state, info
 
-    def judge(self, state: PartnerState, measured: Measured | None) -> str | None:
+    def judge(self, state: PartnerState, measured: Measured | None, d: float | None) -> str | None:
         """Why a state that fits this island's model and run is refused (None: it may be mixed): its
         momentum, where it sits along this island's progress (`core.influence`), its distance (the
-        gate, whose start bound is the island's own progress)."""
+        gate, whose start bound is the island's own progress); `d`: `OuterLoop.progress()`."""
         if measured is None:
             return None
-        bound, d = self.outer.influence, self.outer.progress()
+        bound = self.outer.influence
         return (bound.momentum(measured.momentum, d) or bound.size(measured.norm, measured.anchor_norm, d)
                 or bound.behind(measured.along, self.outer.state.version - state.version)
                 or self.gate.judge(measured.distance, bound.start_bound(d, measured.anchor_norm, measured.noise)))
 
-    def figures(self, measured: Measured) -> dict:
-        """Where an admitted state sits, in the island's own rounds of progress, for the round's row:
-        its distance (`rounds_away`) and how far back along the progress (`behind`)."""
-        d, behind = self.outer.progress(), self.outer.influence.rounds_behind(measured.along)
+    def figures(self, measured: Measured, d: float | None) -> dict:
+        """Where an admitted state sits, in the island's own rounds of progress `d`, for the round's
+        row: its distance (`rounds_away`) and how far back along the progress (`behind`)."""
+        behind = self.outer.influence.rounds_behind(measured.along)
         out = {} if not d else {"rounds_away": round(measured.trained / d, 3)}
         return out if behind is None else {**out, "behind": round(behind, 3)}
 

@@ -56,7 +56,7 @@ def _judge(island: Island, phi: torch.Tensor, m: torch.Tensor | None = None, ver
         checks.gate.accepted.append(honest)
     state = PartnerState(phi, m, island.state.version if version is None else version, island.state.tokens)
     measured = measure(island.state.phi, phi, island.state.m, m)
-    why = checks.judge(state, measured)
+    why = checks.judge(state, measured, island.progress())
     weight = island.weight(PartnerState(phi, m, state.version, state.tokens, gap=measured.gap))
     return why, measured, weight
 
