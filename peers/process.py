@@ -31,6 +31,8 @@ from p2p_diloco.peers.runner import Trainer, train
 from p2p_diloco.terminal import leave_terminal
 
 EVAL_BATCH_SIZE = 16
+PROBE_BATCHES, PROBE_SEED = 2, 4321
+"""The held-out batches a partner's mix is judged on (`peers.probe`): others than the eval loss's."""
 
 
 class _StopFlag:
@@ -101,8 +103,10 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
             seed = group.share(0) + group.rank
         else:
             evals = eval_batches(corpus.val, block, cfg.eval_batches, EVAL_BATCH_SIZE)
+            probes = eval_batches(corpus.val, block, PROBE_BATCHES, EVAL_BATCH_SIZE, seed=PROBE_SEED)
             island = SwarmIsland(model, trainer.optimizer, diloco=diloco, network=network, discovery=discovery,
                                  island=cfg, eval_fn=lambda: evaluate(model, evals, train_cfg.precision),
+                                 probe_fn=lambda: evaluate(model, probes, train_cfg.precision),
                                  extra_state=trainer, group=group, link=link)
             seed = int.from_bytes(hashlib.sha256(island.peer_id.encode()).digest()[:4], "little")
             seed = seed if group is None else group.share(seed)
