@@ -39,8 +39,10 @@ def _mps_available() -> bool:
 def _cuda(spec: str, index: int | None) -> torch.device:
     """cuda:index, checked against what is here; no index means this rank's GPU (or cuda:0)."""
     if not torch.cuda.is_available():
-        raise DeviceError(f"--device {spec}: CUDA is not available here (this torch is a CPU build, or no GPU is "
-                          f"visible); use --device cpu or auto")
+        why = ("no GPU is visible" if torch.version.cuda else
+               f"torch {torch.__version__} is a CPU build: `make install CUDA=1` installs a CUDA one")
+        raise DeviceError(f"--device {spec}: CUDA is not available here ({why}; `p2p-diloco doctor` says what this "
+                          f"machine has); use --device cpu or auto")
     index = index if index is not None else (_local_rank() or 0)
     count = torch.cuda.device_count()
     if index >= count:
