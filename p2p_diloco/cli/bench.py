@@ -213,7 +213,7 @@ def bench_gpu(device, preset, precision, vocab_size, rounds, local_steps, batch_
         click.echo(text)
         return
     for i in out["islands"]:
-        click.echo(f"{i['name']}: {i['tokens_per_s']:,.0f} tokens/s, loss {i['loss_start']:.3f} -> {i['loss_end']:.3f}, "
+        click.echo(f"{i['name']}: {i['tokens_per_s'] or 0:,.0f} tokens/s, loss {i['loss_start']:.3f} -> {i['loss_end']:.3f}, "
                    f"{i['mixes']} mixes")
     r, m = out["round"], out["memory"]
     click.echo(f"round: {r['overhead_s']:.3f} s, {r['overhead_vs_clone']:.1f} clones of the state; peak memory "

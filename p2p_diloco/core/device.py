@@ -107,12 +107,18 @@ def to_host(x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
     return buf
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait until the work queued on `device` is done (for timing it; a no-op off CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def reset_peak_memory(device: torch.device) -> int | None:
     """Start a new window for `peak_memory_bytes` on `device`; the bytes allocated there now (None where torch
     keeps no count: the CPU and MPS, whose peak is the process's resident set, `bench.round.PeakMeter`)."""
     if device.type != "cuda":
         return None
-    torch.cuda.synchronize(device)
+    synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     return torch.cuda.memory_allocated(device)
 
@@ -122,11 +128,5 @@ def peak_memory_bytes(device: torch.device) -> int | None:
     (CUDA's allocator count, `torch.cuda.max_memory_allocated`); None where torch keeps no count."""
     if device.type != "cuda":
         return None
-    torch.cuda.synchronize(device)
+    synchronize(device)
     return torch.cuda.max_memory_allocated(device)
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait until the work queued on `device` is done (for timing it; a no-op off CUDA)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
