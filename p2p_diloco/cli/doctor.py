@@ -117,7 +117,12 @@ def verdict(facts: dict[str, Any]) -> tuple[bool, str]:
 def doctor(ctx: click.Context, host: str | None, port: int | None, as_json: bool) -> None:
     """What this machine offers an island: torch build, devices, bf16, NCCL, gloo, ports; one verdict."""
     host = host if host is not None else _join_default(ctx, "host", DiscoveryConfig.host)
-    port = int(port if port is not None else _join_default(ctx, "port", IslandConfig.port))
+    if port is None:
+        given = _join_default(ctx, "port", IslandConfig.port)
+        try:
+            port = int(given)
+        except ValueError:
+            raise click.BadParameter(f"join's port {given!r} is not a number", param_hint="--port") from None
     dht_port = advanced_field("discovery", "port")
     facts = {**torch_facts(), "ports": port_facts(host, port, int(dht_port) if dht_port is not None else None)}
     ready, line = verdict(facts)
