@@ -20,7 +20,7 @@ import torch
 
 from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, IslandConfig, ModelConfig, NetworkConfig, TrainConfig
 from p2p_diloco.core.data import BatchSampler, eval_batches, load_corpus
-from p2p_diloco.core.device import resolve_device
+from p2p_diloco.core.device import peak_memory_bytes, resolve_device
 from p2p_diloco.core.inner import evaluate
 from p2p_diloco.core.model import build_model
 from p2p_diloco.exchange.linkemu import EmulatedLink
@@ -120,6 +120,8 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
         with island:
             train(island, trainer, cfg.max_seconds, size_by_time=by_time)
         summary = island.close()
+        if summary:  # what the device's memory came to (the CUDA allocator's peak; None elsewhere)
+            summary = {**summary, "peak_device_bytes": peak_memory_bytes(device)}
         if summary and not cfg.quiet:  # (rank 0 of a torchrun island; the others have none)
             summary_line(summary)
         return stop.exit_code, summary
