@@ -4,8 +4,8 @@ A state that arrived, fetched or pushed, is mixable only when its bytes checked 
 (digests, sizes, finite values: `exchange.payload`), it is of this island's model and run
 (`peers.gossip.partner_state`), its distance from this island's anchor is plausible
 (`peers.plausibility`), its momentum and its place along the island's progress keep the
-bounds of `core.influence` (which also bounds the weight it is mixed with), and, where the island
-has a probe, its mix does not raise a held-out loss (`peers.probe`). A refused state is
+bounds of `core.influence` (which also bounds the weight it is mixed with); where the island has a
+probe, a weight whose mix would raise a held-out loss is cut (`peers.probe`). A refused state is
 counted and logged, and its sender backs off, or is never chosen again (`PartnerChooser`). A state refused as too far while far ahead may mean that
 this island is the stale one: it then catches up from the freshest members on a thread of its own
 (`peers.state.CatchUp`), training on meanwhile.
@@ -17,6 +17,7 @@ this island is the stale one: it then catches up from the freshest members on a 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -85,10 +86,11 @@ class PartnerChecks:
             info.update(self.figures(measured, d))
         if self.probe is not None:  # what the mix would do (`peers.probe`)
             effect = self.probe.effect(state)
+            if effect is not None and not math.isfinite(effect):
+                return self.refuse(result.peer_id, "harmful: mixing it makes this island's probe loss non-finite", info)
             if effect is not None:
                 info["probe"] = round(effect, 5)
-            if (why := self.probe.judge(effect)) is not None:
-                return self.refuse(result.peer_id, why, info)
+                state = replace(state, cut=self.probe.cut(effect))
         self.chooser.mixed(result.peer_id)
         return state, info
 

@@ -8,12 +8,15 @@ does tells them apart: like Templar's Gauntlet, which scores a peer by the loss 
 its contribution, the island evaluates a few fixed held-out batches (not those of its eval loss, so
 that the eval loss stays an honest measure) on its running weights, then with the partner's mix
 applied as it would be (`a (phi_j - phi_i)` at the weight the bounds allow), and takes the mix back.
-A state whose mix raises that loss by more than a tolerance is refused: `FLOOR` of it, or half of
-what the island's own rounds lower it by lately, whichever is larger (early in a run honest mixes
-raise it by several percent, as much as a round of training lowers it).
+A state whose mix raises that loss by more than a tolerance (`FLOOR` of it, or half of what the
+island's own rounds lower it by lately, whichever is larger: early in a run honest mixes raise it by
+several percent, as much as a round of training lowers it) is mixed with its weight cut in
+proportion, so that it raises the loss by the tolerance at most: not refused, since an honest
+partner trained on other data raises this island's loss as well (by 4-12% in `bench attack`'s
+`other-data` row), and must still be mixed. A mix that makes the loss non-finite is refused.
 
 The probe runs on the training thread, between inner steps, for every state that passed the other
-checks: two forward passes over the probe batches and two passes over the weights, no copy of them
+checks: two forward passes over the probe batch and two passes over the weights, no copy of them
 (BENCHMARKS.md, "Judged by effect", measures its cost and what it buys). An island without a probe
 (`probe_fn=None` in the API) skips it.
 """
@@ -87,10 +90,9 @@ class EffectProbe:
         self._saw(before)
         return (after - before) / before if math.isfinite(after) else math.inf
 
-    def judge(self, effect: float | None) -> str | None:
-        """Why a state whose mix has this `effect` is refused (None: it is not)."""
+    def cut(self, effect: float | None) -> float:
+        """The factor on the mix's weight that keeps its effect within the tolerance (1: none needed).
+        Along the line from the running weights to the mixed ones the loss is about convex, so a
+        weight cut by `tolerance / effect` raises it by at most the tolerance."""
         bound = self.tolerance()
-        if effect is None or effect <= bound:
-            return None
-        return (f"harmful: mixing it raises this island's probe loss by {100 * effect:.2f}% "
-                f"(bound {100 * bound:.2f}%)")
+        return 1.0 if effect is None or effect <= bound else bound / effect

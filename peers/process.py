@@ -31,8 +31,8 @@ from p2p_diloco.peers.runner import Trainer, train
 from p2p_diloco.terminal import leave_terminal
 
 EVAL_BATCH_SIZE = 16
-PROBE_BATCHES, PROBE_SEED = 2, 4321
-"""The held-out batches a partner's mix is judged on (`peers.probe`): others than the eval loss's."""
+PROBE_BATCHES, PROBE_SEED = 1, 4321
+"""The held-out batch a partner's mix is judged on (`peers.probe`): another than the eval loss's."""
 
 
 class _StopFlag:

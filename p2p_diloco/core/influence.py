@@ -60,7 +60,7 @@ class InfluenceBound:
         self.advances: deque[float] = deque(maxlen=HISTORY)
         """How far each of the island's own last outer steps moved the anchor along its momentum."""
         self.clipped = 0
-        """Mixes whose weight the bound cut."""
+        """Mixes whose weight a bound cut (counted by `core.island.OuterLoop.weight`)."""
 
     def own_round(self, delta_norm: float, advance: float | None = None) -> None:
         """One outer step: its pseudo-gradient's norm and its advance along the momentum."""
@@ -74,12 +74,11 @@ class InfluenceBound:
         if larger (the rounds grow while the learning rate warms up)."""
         return max(statistics.median(self.deltas), self.deltas[-1]) if self.deltas else None
 
-    def clip(self, a: float, gap: float | None, d: float | None, count: bool = True) -> float:
-        """The weight of a partner at distance `gap` from the anchor, at most `CLIP x d / gap`; `count`:
-        a mix will use it (`clipped`)."""
+    @staticmethod
+    def clip(a: float, gap: float | None, d: float | None) -> float:
+        """The weight of a partner at distance `gap` from the anchor, at most `CLIP x d / gap`."""
         if gap is None or d is None or a <= 0 or a * gap <= CLIP * d:
             return a
-        self.clipped += count
         return CLIP * d / gap
 
     def momentum(self, norm: float | None, d: float | None) -> str | None:

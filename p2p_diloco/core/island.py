@@ -57,9 +57,16 @@ class OuterLoop:
 
     def weight(self, partner: PartnerState, count: bool = True) -> float:
         """The mixing weight of a partner's state now (0 = skip it; `core.outer.mixing_weight`), cut so
-        that the partner moves the anchor by a bounded amount (`core.influence`; `count`: a mix uses it)."""
+        that the partner moves the anchor by a bounded amount (`core.influence`) and by the effect
+        measured (`PartnerState.cut`); `count`: a mix uses it (`InfluenceBound.clipped`)."""
         a = mixing_weight(self.cfg, self.state.version, self.state.tokens, partner)
-        return a if partner.gap is None or a <= 0 else self.influence.clip(a, partner.gap, self.progress(), count)
+        if a <= 0:
+            return a
+        cut = a if partner.gap is None else self.influence.clip(a, partner.gap, self.progress())
+        cut *= partner.cut
+        if count and cut < a:
+            self.influence.clipped += 1
+        return cut
 
     @torch.no_grad()
     def progress(self) -> float | None:

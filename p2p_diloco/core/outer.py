@@ -54,6 +54,9 @@ class PartnerState:
     gap: float | None = None
     """`|phi_j - phi_i|` as measured when the state arrived (`peers.plausibility`); the mix's weight is
     bounded by it (`core.influence`). None: not measured (the simulator's honest partners)."""
+    cut: float = 1.0
+    """A factor on the mix's weight, below 1 where the mix was measured to raise the island's held-out
+    loss by more than it tolerates (`peers.probe`)."""
 
 
 def nesterov_(phi: torch.Tensor, m: torch.Tensor, delta: torch.Tensor, lr: float, mu: float) -> torch.Tensor:

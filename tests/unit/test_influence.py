@@ -99,11 +99,21 @@ def test_a_stale_partner_is_judged_at_its_lag():
     assert bound.behind(along=None, lag=0) is None and InfluenceBound(0.5).behind(along=10.0, lag=0) is None
 
 
-def test_the_weight_is_cut_to_the_bound_and_counted():
+def test_the_weight_is_cut_to_the_bound():
     bound = InfluenceBound(outer_momentum=0.5)
     assert bound.clip(0.5, gap=10.0, d=None) == 0.5  # nothing to learn from yet
-    assert bound.clip(0.5, gap=1.0, d=1.0) == 0.5 and bound.clipped == 0
-    assert bound.clip(0.5, gap=10.0, d=1.0) == pytest.approx(CLIP / 10.0) and bound.clipped == 1
+    assert bound.clip(0.5, gap=1.0, d=1.0) == 0.5
+    assert bound.clip(0.5, gap=10.0, d=1.0) == pytest.approx(CLIP / 10.0)
+
+
+def test_a_mix_whose_weight_a_bound_cut_is_counted(trained):
+    a, b, _, _ = trained
+    state, clipped = b.state, a.influence.clipped
+    far = PartnerState(state.phi, state.m, a.state.version, a.state.tokens, gap=1e6)
+    assert a.weight(far, count=False) < 0.5 and a.influence.clipped == clipped
+    assert a.weight(far) < 0.5 and a.influence.clipped == clipped + 1
+    effect = PartnerState(state.phi, state.m, a.state.version, a.state.tokens, cut=0.25)
+    assert a.weight(effect) == pytest.approx(0.5 * 0.25) and a.influence.clipped == clipped + 2
 
 
 def test_before_its_first_outer_step_an_island_measures_its_progress_so_far():

@@ -1,4 +1,4 @@
-"""`peers.probe`: a partner's mix judged by its effect on a held-out loss.
+"""`peers.probe`: a partner's mix judged by its effect on a held-out loss, its weight cut to keep it.
 
 Two islands of a small model train a few rounds on two parts of one text, mixing each other's
 states; a third part is held out. Mid-round, the first island probes an honest partner's state and
@@ -57,12 +57,18 @@ def _state(island: Island, phi: torch.Tensor, m: torch.Tensor) -> PartnerState:
     return PartnerState(phi, m, island.state.version, island.state.tokens)
 
 
-def test_an_honest_mix_passes_and_stuck_training_does_not(trained):
+def test_an_honest_mix_is_left_as_it_is_and_stuck_training_s_is_cut(trained):
+    """Judged at the tolerance of an island whose loss no longer falls (`FLOOR`)."""
     a, b, initial, probe = trained
     honest = probe.effect(_state(a, b.state.phi, b.state.m))
     stuck = probe.effect(_state(a, initial, b.state.m))
-    assert probe.judge(honest) is None
-    assert stuck > START and "harmful" in probe.judge(stuck)
+    now, loss = probe.seen[-1]
+    probe.seen.appendleft((now - 1.0, loss))
+    assert probe.tolerance() == FLOOR
+    assert honest < FLOOR / 2 and probe.cut(honest) == 1.0
+    assert stuck > 2 * FLOOR and probe.cut(stuck) == pytest.approx(FLOOR / stuck)
+    cut = replace(_state(a, initial, b.state.m), cut=probe.cut(stuck))
+    assert probe.effect(cut) <= FLOOR * 1.05  # the loss is about convex along the mix: the cut keeps the bound
 
 
 def test_the_tolerance_follows_the_island_s_own_progress():
@@ -93,4 +99,4 @@ def test_the_probe_leaves_the_running_weights_and_the_bound_count_as_they_were(t
 def test_nothing_to_judge_when_the_state_would_not_be_mixed(trained):
     a, b, _, probe = trained
     too_stale = PartnerState(b.state.phi, b.state.m, a.state.version - 100, a.state.tokens)
-    assert probe.effect(too_stale) is None and probe.judge(None) is None
+    assert probe.effect(too_stale) is None and probe.cut(None) == 1.0
