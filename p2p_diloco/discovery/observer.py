@@ -17,10 +17,11 @@ The two talk in JSON lines. Child to parent, on stdout:
 
 Parent to child, on stdin: first the config, as one line of JSON (not in argv: it may hold the swarm
 secret, and argv is visible to every user in `ps`), then `refresh` (read the swarm now). The child
-exits when its stdin closes, so it never outlives its parent, however the parent ends. It runs in
-its own session, so the terminal's Ctrl+C and hangup reach only the parent, which decides when it
-ends; one that does not leave in time is killed with its process group (its DHT process and p2pd
-too). Every record is checked again here (`IslandRecord.from_dict`); the child's log lines are
+exits when its stdin closes, so it never outlives its parent, however the parent ends (while it is
+still opening: at once, with what it started; `cancel` lets the parent give up an opening one). It
+runs in its own session, so the terminal's Ctrl+C and hangup reach only the parent, which decides
+when it ends; one that does not leave in time is killed with its process group (its DHT process and
+p2pd too). Every record is checked again here (`IslandRecord.from_dict`); the child's log lines are
 passed on to this process's log.
 """
 
@@ -35,6 +36,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 from p2p_diloco.config import DiscoveryConfig
@@ -54,7 +56,8 @@ EXIT_S = 5.0
 class ObserverProcess(Membership):
     """A read-only `Membership` whose back-end runs in a child process (see the module docstring)."""
 
-    def __init__(self, config: DiscoveryConfig) -> None:
+    def __init__(self, config: DiscoveryConfig, cancel: threading.Event | None = None) -> None:
+        """Opens the observer; `cancel` set while it opens gives it up (`DiscoveryError`) within a moment."""
         self.config = config
         self._cond = threading.Condition()
         self._records: dict[str, IslandRecord] = {}
@@ -72,9 +75,15 @@ class ObserverProcess(Membership):
             pass  # the child died at once: the reader below reports its exit
         threading.Thread(target=self._read, name="observer-out", daemon=True).start()
         threading.Thread(target=self._relay_log, name="observer-log", daemon=True).start()
+        cancelled = cancel.is_set if cancel is not None else (lambda: False)
+        deadline = time.monotonic() + config.connect_timeout + START_S
         with self._cond:
-            self._cond.wait_for(lambda: self._hello is not None, config.connect_timeout + START_S)
+            while self._hello is None and time.monotonic() < deadline and not cancelled():
+                self._cond.wait(0.1)
             hello = self._hello
+        if hello is None and cancelled():
+            self.shutdown()
+            raise DiscoveryError("the observer was closed while it opened")
         if hello is None or hello["type"] != "ready":
             self.shutdown()
             raise DiscoveryError(f"the observer process did not start within {config.connect_timeout + START_S:g} s"
@@ -171,19 +180,23 @@ def _serve(config: DiscoveryConfig) -> int:
         sys.stdout.write(json.dumps(msg) + "\n")
         sys.stdout.flush()
 
-    try:
-        membership = open_membership(config, observer=True)
-    except Exception as e:  # an unreachable bootstrap, a failed daemon: the parent shows why
-        emit({"type": "error", "message": str(e) or type(e).__name__})
-        return 1
     requests: queue.Queue[str | None] = queue.Queue()
+    opened = threading.Event()
 
     def read_stdin() -> None:
         for line in sys.stdin:
             requests.put(line.strip())
         requests.put(None)
+        if not opened.is_set():
+            _abandon()
 
     threading.Thread(target=read_stdin, name="observer-requests", daemon=True).start()
+    try:
+        membership = open_membership(config, observer=True)
+    except Exception as e:  # an unreachable bootstrap, a failed daemon: the parent shows why
+        emit({"type": "error", "message": str(e) or type(e).__name__})
+        return 1
+    opened.set()
     answered = 0
     with membership:  # stopped however this ends, a parent gone (BrokenPipeError) included
         emit({"type": "ready", "kind": membership.kind, "peer_id": membership.peer_id})
@@ -201,6 +214,15 @@ def _serve(config: DiscoveryConfig) -> int:
                 membership.refresh(config.connect_timeout)
                 answered += 1
     return 0
+
+
+def _abandon() -> None:
+    """The parent left while the observer was still opening (a bootstrap that does not answer can take
+    a while): an observer has no record to withdraw, so it ends at once, with the DHT process and p2pd
+    it started, which share its process group when the parent started it (in a session of its own)."""
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os._exit(0)
 
 
 def main() -> int:
