@@ -18,7 +18,7 @@ The two talk in JSON lines. Child to parent, on stdout:
 Parent to child, on stdin: first the config, as one line of JSON (not in argv: it may hold the swarm
 secret, and argv is visible to every user in `ps`), then `refresh` (read the swarm now). The child
 exits when its stdin closes, so it never outlives its parent, however the parent ends (while it is
-still opening: at once, with what it started; `cancel` lets the parent give up an opening one). It
+still opening: at once, with what it started; `cancel` lets the parent kill one that opens). It
 runs in its own session, so the terminal's Ctrl+C and hangup reach only the parent, which decides
 when it ends; one that does not leave in time is killed with its process group (its DHT process and
 p2pd too). Every record is checked again here (`IslandRecord.from_dict`); the child's log lines are
@@ -82,7 +82,7 @@ class ObserverProcess(Membership):
                 self._cond.wait(0.1)
             hello = self._hello
         if hello is None and cancelled():
-            self.shutdown()
+            self.shutdown(wait=0)  # still opening, it reads no stdin yet; it has no record to withdraw
             raise DiscoveryError("the observer was closed while it opened")
         if hello is None or hello["type"] != "ready":
             self.shutdown()
@@ -126,7 +126,8 @@ class ObserverProcess(Membership):
     def leave(self) -> None:
         """An observer has no record to withdraw."""
 
-    def shutdown(self) -> None:
+    def shutdown(self, wait: float = EXIT_S) -> None:
+        """Close the child's stdin, on which it leaves; kill its process group if it has not after `wait` s."""
         with self._cond:
             if self._closed:
                 return
@@ -136,9 +137,9 @@ class ObserverProcess(Membership):
         except OSError:
             pass
         try:
-            self._proc.wait(EXIT_S)
+            self._proc.wait(wait)
         except subprocess.TimeoutExpired:
-            logger.info("the observer process did not leave within %.0f s; killing it", EXIT_S)
+            logger.info("the observer process did not leave within %.0f s; killing it", wait)
             try:
                 os.killpg(self._proc.pid, signal.SIGKILL)  # its DHT process and p2pd go with it
             except ProcessLookupError:
@@ -180,23 +181,24 @@ def _serve(config: DiscoveryConfig) -> int:
         sys.stdout.write(json.dumps(msg) + "\n")
         sys.stdout.flush()
 
-    requests: queue.Queue[str | None] = queue.Queue()
     opened = threading.Event()
-
-    def read_stdin() -> None:
-        for line in sys.stdin:
-            requests.put(line.strip())
-        requests.put(None)
-        if not opened.is_set():
-            _abandon()
-
-    threading.Thread(target=read_stdin, name="observer-requests", daemon=True).start()
+    threading.Thread(target=_end_with_parent, args=(os.getppid(), opened), name="observer-parent",
+                     daemon=True).start()
     try:
         membership = open_membership(config, observer=True)
     except Exception as e:  # an unreachable bootstrap, a failed daemon: the parent shows why
         emit({"type": "error", "message": str(e) or type(e).__name__})
         return 1
-    opened.set()
+    finally:
+        opened.set()
+    requests: queue.Queue[str | None] = queue.Queue()
+
+    def read_stdin() -> None:
+        for line in sys.stdin:
+            requests.put(line.strip())
+        requests.put(None)
+
+    threading.Thread(target=read_stdin, name="observer-requests", daemon=True).start()
     answered = 0
     with membership:  # stopped however this ends, a parent gone (BrokenPipeError) included
         emit({"type": "ready", "kind": membership.kind, "peer_id": membership.peer_id})
@@ -216,13 +218,17 @@ def _serve(config: DiscoveryConfig) -> int:
     return 0
 
 
-def _abandon() -> None:
-    """The parent left while the observer was still opening (a bootstrap that does not answer can take
-    a while): an observer has no record to withdraw, so it ends at once, with the DHT process and p2pd
-    it started, which share its process group when the parent started it (in a session of its own)."""
-    if os.getpgrp() == os.getpid():
-        os.killpg(os.getpid(), signal.SIGKILL)
-    os._exit(0)
+def _end_with_parent(parent: int, opened: threading.Event) -> None:
+    """While the observer opens (a bootstrap that does not answer can take a while), it reads no stdin:
+    one whose parent is gone then ends at once. It has no record to withdraw; the DHT process and p2pd
+    it started share its process group when the parent started it (in a session of its own). (Not
+    stdin read in a thread: the DHT process forks meanwhile, and its child would wait for good on the
+    lock of the `sys.stdin` that multiprocessing closes.)"""
+    while not opened.wait(0.2):
+        if os.getppid() != parent:
+            if os.getpgrp() == os.getpid():
+                os.killpg(os.getpid(), signal.SIGKILL)
+            os._exit(0)
 
 
 def main() -> int:
