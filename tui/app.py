@@ -7,14 +7,17 @@ the state. Pausing stops the rendering, not the ingesting, so nothing is missed 
 
 from __future__ import annotations
 
+import signal
+import sys
 from typing import ClassVar
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
+from textual.driver import Driver
 from textual.widgets import DataTable, Footer
 
-from p2p_diloco.tui.messages import LogLine, StopRequested, SwarmUpdated
+from p2p_diloco.tui.messages import LogLine, StopRequested, SwarmUpdated, TerminalGone
 from p2p_diloco.tui.screens import DetailScreen, HelpScreen
 from p2p_diloco.tui.source import Snapshot, Source
 from p2p_diloco.tui.state import SwarmState
@@ -48,6 +51,14 @@ class DashboardApp(App):
         self.island_colors = IslandColors()
         self.paused = False
         self.sub_title = f"run {source.run_id}"
+
+    def get_driver_class(self) -> type[Driver]:
+        """`tui.driver.TerminalDriver`, which leaves cleanly when the terminal is closed (not on Windows)."""
+        if sys.platform == "win32":
+            return super().get_driver_class()
+        from p2p_diloco.tui.driver import TerminalDriver
+
+        return TerminalDriver
 
     def compose(self) -> ComposeResult:
         yield SwarmHeader()
@@ -87,6 +98,9 @@ class DashboardApp(App):
 
     def on_stop_requested(self, _message: StopRequested) -> None:
         self.exit()
+
+    def on_terminal_gone(self, _message: TerminalGone) -> None:
+        self.exit(return_code=128 + signal.SIGHUP)  # as after the hangup that usually comes with it
 
     def render_state(self) -> None:
         """Every widget of the main view (and the detail view, when open) renders from the state."""

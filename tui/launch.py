@@ -7,8 +7,9 @@ are set aside and warnings go to the event log instead; they are put back when t
 SIGTERM and SIGHUP (a closed terminal) close it the same way, so that the source, and with it the
 observer process, is stopped before the process ends; `run_app` then returns 128 + the signal.
 After a hangup the terminal's file descriptors are pointed at /dev/null first: Textual writes to
-the terminal as it exits, and its writer thread dies on the first write that fails, after which
-the app blocks for good on its full output queue.
+the terminal as it exits (a write that fails anyway ends the app the same way: `tui.driver`).
+Textual's SIGTSTP and SIGCONT handlers are put back when the app returns: left in place, a SIGCONT
+(which a closed terminal sends with SIGHUP) restarted a driver whose app was gone.
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ def _terminal_handlers(root: logging.Logger) -> list[logging.Handler]:
     return out
 
 
+_DRIVER_SIGNALS = (signal.SIGTSTP, signal.SIGCONT)
+"""What Textual's driver handles while the app runs (Ctrl+Z and `fg`) and leaves installed after it."""
+
+
 def run_dashboard(source: Source, stop_event: threading.Event | None = None, **state_options) -> int:
     """Show the dashboard for `source` until the user quits or `stop_event` is set; returns the exit code."""
     from p2p_diloco.tui.app import make_app
@@ -103,8 +108,9 @@ def run_app(app, stop_event: threading.Event | None = None) -> int:
     threading.Thread(target=watch, name="dashboard-stop", daemon=True).start()
     previous = {}
     if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.getsignal(sig) for sig in _DRIVER_SIGNALS}  # Textual's driver takes them
         taken = [sig for sig in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(sig) != signal.SIG_IGN]
-        previous = {sig: signal.signal(sig, on_signal) for sig in taken}
+        previous.update({sig: signal.signal(sig, on_signal) for sig in taken})
     try:
         app.run()
     finally:

@@ -32,3 +32,8 @@ class LogLine(Message):
 @dataclass
 class StopRequested(Message):
     """Someone outside the app (the demo ending) asks it to exit."""
+
+
+@dataclass
+class TerminalGone(Message):
+    """The app's terminal was closed under it: a write or read failed (`tui.driver`)."""

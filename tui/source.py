@@ -7,8 +7,10 @@ message from it, so it is safe to call from any thread); `stop()` ends the deliv
   in a child process (`ObserverProcess`: the DHT back-end would load hivemind and with it torch
   into the dashboard) and reads `members()` every `interval` seconds. When no bootstrap answers,
   or a read fails, it delivers a `disconnected` snapshot naming the reason and keeps retrying; it
-  never raises into the app. A run whose records are sealed with a swarm secret the source was
-  not given reads as `disconnected`, with the reason (`membership.SEALED_HINT`) as the detail.
+  never raises into the app. `stop()` gives up an observer that is still opening (a bootstrap
+  that does not answer), so that leaving the dashboard never waits on it. A run whose records are
+  sealed with a swarm secret the source was not given reads as `disconnected`, with the reason
+  (`membership.SEALED_HINT`) as the detail.
 - `ReplaySource` plays a fixed list of snapshots, all at once or one per interval: the dashboard of
   a recorded run, and what the snapshot tests render with a frozen clock.
 """
@@ -109,7 +111,7 @@ class MembershipSource(Source):
     def _open(self) -> Membership:
         if self._opener is not None:
             return self._opener(self.config, observer=True)
-        return ObserverProcess(self.config)
+        return ObserverProcess(self.config, cancel=self._stop)
 
     def _run(self, deliver: Deliver) -> None:
         def send(records, status, detail="", kind=None):
@@ -126,6 +128,8 @@ class MembershipSource(Source):
                     try:
                         m = self.membership = self._open()
                     except Exception as e:  # unreachable bootstrap, daemon failure: show it and retry
+                        if self._stop.is_set():  # given up by `stop()`
+                            break
                         logger.info("dashboard: cannot watch run %r: %s", self.run_id, e)
                         send(None, "disconnected", f"retrying every {self.retry:g}s; {_reason(e)}")
                         self._stop.wait(self.retry)

@@ -17,10 +17,11 @@ The two talk in JSON lines. Child to parent, on stdout:
 
 Parent to child, on stdin: first the config, as one line of JSON (not in argv: it may hold the swarm
 secret, and argv is visible to every user in `ps`), then `refresh` (read the swarm now). The child
-exits when its stdin closes, so it never outlives its parent, however the parent ends. It runs in
-its own session, so the terminal's Ctrl+C and hangup reach only the parent, which decides when it
-ends; one that does not leave in time is killed with its process group (its DHT process and p2pd
-too). Every record is checked again here (`IslandRecord.from_dict`); the child's log lines are
+exits when its stdin closes, so it never outlives its parent, however the parent ends (while it is
+still opening: at once, with what it started; `cancel` lets the parent kill one that opens). It
+runs in its own session, so the terminal's Ctrl+C and hangup reach only the parent, which decides
+when it ends; one that does not leave in time is killed with its process group (its DHT process and
+p2pd too). Every record is checked again here (`IslandRecord.from_dict`); the child's log lines are
 passed on to this process's log.
 """
 
@@ -35,6 +36,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 from p2p_diloco.config import DiscoveryConfig
@@ -54,7 +56,8 @@ EXIT_S = 5.0
 class ObserverProcess(Membership):
     """A read-only `Membership` whose back-end runs in a child process (see the module docstring)."""
 
-    def __init__(self, config: DiscoveryConfig) -> None:
+    def __init__(self, config: DiscoveryConfig, cancel: threading.Event | None = None) -> None:
+        """Opens the observer; `cancel` set while it opens gives it up (`DiscoveryError`) within a moment."""
         self.config = config
         self._cond = threading.Condition()
         self._records: dict[str, IslandRecord] = {}
@@ -72,9 +75,15 @@ class ObserverProcess(Membership):
             pass  # the child died at once: the reader below reports its exit
         threading.Thread(target=self._read, name="observer-out", daemon=True).start()
         threading.Thread(target=self._relay_log, name="observer-log", daemon=True).start()
+        cancelled = cancel.is_set if cancel is not None else (lambda: False)
+        deadline = time.monotonic() + config.connect_timeout + START_S
         with self._cond:
-            self._cond.wait_for(lambda: self._hello is not None, config.connect_timeout + START_S)
+            while self._hello is None and time.monotonic() < deadline and not cancelled():
+                self._cond.wait(0.1)
             hello = self._hello
+        if hello is None and cancelled():
+            self.shutdown(wait=0)  # still opening, it reads no stdin yet; it has no record to withdraw
+            raise DiscoveryError("the observer was closed while it opened")
         if hello is None or hello["type"] != "ready":
             self.shutdown()
             raise DiscoveryError(f"the observer process did not start within {config.connect_timeout + START_S:g} s"
@@ -117,7 +126,8 @@ class ObserverProcess(Membership):
     def leave(self) -> None:
         """An observer has no record to withdraw."""
 
-    def shutdown(self) -> None:
+    def shutdown(self, wait: float = EXIT_S) -> None:
+        """Close the child's stdin, on which it leaves; kill its process group if it has not after `wait` s."""
         with self._cond:
             if self._closed:
                 return
@@ -127,9 +137,9 @@ class ObserverProcess(Membership):
         except OSError:
             pass
         try:
-            self._proc.wait(EXIT_S)
+            self._proc.wait(wait)
         except subprocess.TimeoutExpired:
-            logger.info("the observer process did not leave within %.0f s; killing it", EXIT_S)
+            logger.info("the observer process did not leave within %.0f s; killing it", wait)
             try:
                 os.killpg(self._proc.pid, signal.SIGKILL)  # its DHT process and p2pd go with it
             except ProcessLookupError:
@@ -171,11 +181,16 @@ def _serve(config: DiscoveryConfig) -> int:
         sys.stdout.write(json.dumps(msg) + "\n")
         sys.stdout.flush()
 
+    opened = threading.Event()
+    threading.Thread(target=_end_with_parent, args=(os.getppid(), opened), name="observer-parent",
+                     daemon=True).start()
     try:
         membership = open_membership(config, observer=True)
     except Exception as e:  # an unreachable bootstrap, a failed daemon: the parent shows why
         emit({"type": "error", "message": str(e) or type(e).__name__})
         return 1
+    finally:
+        opened.set()
     requests: queue.Queue[str | None] = queue.Queue()
 
     def read_stdin() -> None:
@@ -201,6 +216,19 @@ def _serve(config: DiscoveryConfig) -> int:
                 membership.refresh(config.connect_timeout)
                 answered += 1
     return 0
+
+
+def _end_with_parent(parent: int, opened: threading.Event) -> None:
+    """While the observer opens (a bootstrap that does not answer can take a while), it reads no stdin:
+    one whose parent is gone then ends at once. It has no record to withdraw; the DHT process and p2pd
+    it started share its process group when the parent started it (in a session of its own). (Not
+    stdin read in a thread: the DHT process forks meanwhile, and its child would wait for good on the
+    lock of the `sys.stdin` that multiprocessing closes.)"""
+    while not opened.wait(0.2):
+        if os.getppid() != parent:
+            if os.getpgrp() == os.getpid():
+                os.killpg(os.getpid(), signal.SIGKILL)
+            os._exit(0)
 
 
 def main() -> int:

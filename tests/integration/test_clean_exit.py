@@ -12,7 +12,9 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import signal
+import struct
 import subprocess
 import sys
 import termios
@@ -20,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from discovery_harness import free_port_pair
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -73,6 +76,46 @@ def _drain(master: int, screen: bytearray) -> None:
         pass
 
 
+def _open_terminal() -> tuple[int, int]:
+    """A 120x36 pseudo-terminal (master, slave), its master side non-blocking."""
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 36, 120, 0, 0))
+    os.set_blocking(master, False)
+    return master, slave
+
+
+def _text(screen: bytearray) -> str:
+    return re.sub(r"\x1b\[[0-9;?<>=$]*[A-Za-z~]", "", screen.decode(errors="replace"))
+
+
+def _wait_drawn(proc, master: int, screen: bytearray, timeout: float) -> None:
+    """Read the terminal until the dashboard has drawn its charts."""
+    deadline = time.monotonic() + timeout
+    while "loss per island" not in _text(screen):
+        assert proc.poll() is None and time.monotonic() < deadline, _text(screen)[-3000:]
+        _drain(master, screen)
+        time.sleep(0.1)
+
+
+def _children_sessions(pid: int) -> set[int]:
+    return {child for child, s in _processes().items() if s["ppid"] == pid}
+
+
+DASHBOARD_ENV = {"TERM": "xterm-256color", "CI": ""}
+"""What a person's terminal has (the suite may run under CI, where the demo shows no dashboard)."""
+
+
+def _hang_up(master: int, sessions: set[int], typed: bytes = b"") -> None:
+    """Type `typed`, close the terminal at once (its master side: SIGHUP, with SIGCONT, to the leader
+    of its session), and check that no process of `sessions` is left 15 s later."""
+    if typed:
+        os.write(master, typed)
+    os.close(master)
+    closed = time.monotonic()
+    left = _wait_gone(sessions, 15)
+    assert not left, f"still running {time.monotonic() - closed:.1f} s after the hangup: {left}"
+
+
 def _rounds(run_dir: Path) -> int:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
@@ -112,11 +155,8 @@ def test_closing_the_demos_terminal_ends_every_process_it_started(procs, tmp_pat
         assert len(children) == 3 and all(running[c]["sid"] == c for c in children), running
         assert len(daemons) == 3 and len(running) >= 10, running
 
-        closed = time.monotonic()
-        os.close(master)  # the terminal is closed: SIGHUP to the demo, which leads its session
-        master = -1
-        left = _wait_gone(sessions, 15)
-        assert not left, f"still running {time.monotonic() - closed:.1f} s after the hangup: {left}"
+        terminal, master = master, -1
+        _hang_up(terminal, sessions)
         assert demo.wait(5) == 128 + signal.SIGHUP
     finally:
         if master >= 0:
@@ -154,3 +194,61 @@ def test_bootstrap_stops_its_dht_process_and_daemon_on_sighup(procs, tmp_path, w
         assert addr_file.exists() == (when == "serving")  # one stopped while starting announced nothing
     finally:
         _kill_sessions({boot.pid})
+
+
+@pytest.mark.timeout(90)
+def test_quitting_the_demos_dashboard_as_its_terminal_closes_ends_every_process(procs, tmp_path):
+    """`q`, and the terminal closed right after (a window shut): the demo stops its islands and exits,
+    however Textual's threads stood when the hangup came (it used to hang in interpreter shutdown)."""
+    master, slave = _open_terminal()
+    sessions: set[int] = set()
+    screen = bytearray()
+    try:
+        demo = procs.python("-m", "p2p_diloco", "demo", "--islands", "2", "--minutes", "1", "--device", "cpu",
+                            "--workdir", str(tmp_path / "demo"), stdin=slave, stdout=slave, stderr=slave,
+                            preexec_fn=_take_terminal, env=DASHBOARD_ENV)
+        os.close(slave)
+        sessions.add(demo.pid)
+        _wait_drawn(demo, master, screen, 60)
+        deadline = time.monotonic() + 10
+        while len(sessions) < 5 and time.monotonic() < deadline:  # the observer starts as the dashboard draws
+            sessions |= _children_sessions(demo.pid)
+            time.sleep(0.1)
+        # the demo, its bootstrap node, two islands and the dashboard's observer process
+        assert len(sessions) == 5, _in_sessions(sessions)
+        terminal, master = master, -1
+        _hang_up(terminal, sessions, b"q")
+        assert demo.wait(5) == 128 + signal.SIGHUP
+    finally:
+        if master >= 0:
+            os.close(master)
+        _kill_sessions(sessions)
+
+
+@pytest.mark.timeout(60)
+def test_quitting_the_dashboard_as_its_terminal_closes_ends_it_and_its_observer(procs, tmp_path):
+    """`p2p-diloco dashboard`, `q` and the terminal closed at once, while its observer process (a session
+    of its own) still tries a bootstrap node that does not answer: both are gone soon after."""
+    master, slave = _open_terminal()
+    sessions: set[int] = set()
+    screen = bytearray()
+    try:
+        board = procs.python("-m", "p2p_diloco", "dashboard", "--discovery", "zmq", "--run-id", "quiet",
+                             "--bootstrap", f"tcp://127.0.0.1:{free_port_pair()}", stdin=slave, stdout=slave,
+                             stderr=slave, preexec_fn=_take_terminal, env=DASHBOARD_ENV)
+        os.close(slave)
+        sessions.add(board.pid)
+        _wait_drawn(board, master, screen, 30)
+        deadline = time.monotonic() + 10
+        while not (observer := _children_sessions(board.pid)):
+            assert time.monotonic() < deadline, "the dashboard started no observer process"
+            time.sleep(0.1)
+        sessions |= observer
+        terminal, master = master, -1
+        _hang_up(terminal, sessions, b"q")
+        # `q` read before the hangup (its default action once the app is gone), or the hangup first
+        assert board.wait(5) in (0, -signal.SIGHUP, 128 + signal.SIGHUP)
+    finally:
+        if master >= 0:
+            os.close(master)
+        _kill_sessions(sessions)
