@@ -25,7 +25,7 @@ import math
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -66,8 +66,10 @@ class SwarmIsland:
                  diloco: DiLoCoConfig | None = None, network: NetworkConfig | None = None,
                  discovery: DiscoveryConfig | None = None, island: IslandConfig | None = None,
                  eval_fn: Any = None, extra_state: Any = None, tokens_per_step: int = 1,
-                 group: IntraIsland | None = None, link: EmulatedLink | None = None) -> None:
-        """`link`: a WAN link to emulate for what this island sends (`bench member`, demos and tests)."""
+                 group: IntraIsland | None = None, link: EmulatedLink | None = None,
+                 stopped: Callable[[], bool] = lambda: False) -> None:
+        """`link`: a WAN link to emulate for what this island sends (`bench member`, demos and tests);
+        `stopped()`: asked to stop while the island waits for a bootstrap node, before `stop()` exists."""
         from p2p_diloco.exchange.server import SnapshotServer
 
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
@@ -86,7 +88,7 @@ class SwarmIsland:
             self.reach = check_reach(self.cfg, discovery, self.server.endpoint)
             if self.reach.mode == "outbound":
                 discovery = dataclasses.replace(discovery, outbound_only=True)
-            self.membership = open_membership(discovery)
+            self.membership = open_membership(discovery, budget_s=self.cfg.max_seconds, stopped=stopped)
         except BaseException:
             self.server.close(), self._run_dir.release()
             raise
