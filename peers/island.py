@@ -236,12 +236,13 @@ class SwarmIsland:
             raise RuntimeError("SwarmIsland.step() before start() (use `with join(...) as island:`) or after close()")
         if self.done:
             return
+        value = None if loss is None else loss_value(loss)  # (a TypeError leaves the island as it was)
         now = time.monotonic()
         rnd = self.rounds.rnd
         rnd.compute_s += now - self._returned_at
         self.inner_seconds += now - self._returned_at
-        if loss is not None:
-            self._loss = loss_value(loss)
+        if value is not None:
+            self._loss = value
             self.weights_changed |= self.guard.after_step(self._loss, self.rounds.suspect())
         self.outer.round_steps += 1
         rnd.tokens += (self.tokens_per_step if tokens is None else tokens) * self.world
