@@ -184,6 +184,7 @@ def test_a_flag_join_does_not_take_names_its_config_table(flag, section, field):
     (["bootstrap", "--identity", "id.key", "--relay", "--discovery", "dht"], "--relay needs the rendezvous"),
     (["bootstrap", "--identity", "id.key", "--relay", "--relay-upload-mbps", "-1"], "network.max_upload_mbps must be"),
     (["join", "--join-timeout", "0"], "Invalid value for '--join-timeout'"),
+    (["join", "--data", "no-such-file.txt"], "data path no-such-file.txt does not exist"),
     (["status", "--bootstrap", "tcp://127.0.0.1:9", "--timeout", "0"], "discovery.connect_timeout must be in (0, 600]"),
 ])
 def test_usage_and_config_errors_exit_2_in_every_command(tmp_path, monkeypatch, args, message):
