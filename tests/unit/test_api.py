@@ -127,8 +127,8 @@ def test_a_time_budget_ends_the_round_at_the_first_step_past_it(tmp_path):
             island.step(loss=1.0)
             steps += 1
         elapsed = time.monotonic() - t0
-    assert island.round == 1 and steps < 1000
-    assert budget <= elapsed <= budget + 3 * step_s, elapsed
+    assert island.round == 1 and steps <= budget / step_s + 1  # the step that passed the budget is the last
+    assert budget <= elapsed <= budget + 0.5, elapsed  # (the round's end: publish, announce, metrics)
 
 
 def test_a_checkpoint_of_another_model_is_refused(tmp_path):
