@@ -25,7 +25,8 @@ def join(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
          secret: str | None = None, run_dir: str | Path | None = None, device: str | None = None,
          diloco: DiLoCoConfig | None = None, network: NetworkConfig | None = None,
          discovery: DiscoveryConfig | None = None, island: IslandConfig | None = None,
-         eval_fn: Any = None, extra_state: Any = None, tokens_per_step: int = 1) -> SwarmIsland | RankFollower:
+         eval_fn: Any = None, extra_state: Any = None, tokens_per_step: int = 1,
+         probe_fn: Any = None) -> SwarmIsland | RankFollower:
     """An island around `model` and `optimizer`; use it as a context manager and call `step()` after
     each `optimizer.step()`.
 
@@ -39,6 +40,9 @@ def join(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
       loader's position): checkpointed and resumed with the island.
     - `eval_fn() -> float`: a held-out loss, evaluated at the start, every `eval_every` rounds and
       at the end, shown by `status` and the dashboard.
+    - `probe_fn() -> float`: the model's loss over a few fixed held-out batches other than
+      `eval_fn`'s; with it, a partner's state is mixed only when its mix does not raise that loss
+      (`peers.probe`: it catches stuck, replayed and reversed training that distance bounds miss).
     - `tokens_per_step`: tokens of one inner step on this process when `step()` is not told.
     """
     discovery = _replace(discovery or DiscoveryConfig(), bootstrap=_tuple(bootstrap), run_id=run_id, secret=secret)
@@ -50,7 +54,7 @@ def join(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
         return RankFollower(model, group)
     return SwarmIsland(model, optimizer, scheduler, diloco=diloco, network=network, discovery=discovery,
                        island=island, eval_fn=eval_fn, extra_state=extra_state, tokens_per_step=tokens_per_step,
-                       group=group)
+                       group=group, probe_fn=probe_fn)
 
 
 def _tuple(bootstrap: Any) -> tuple[str, ...] | None:

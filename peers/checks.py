@@ -3,8 +3,9 @@
 A state that arrived, fetched or pushed, is mixable only when its bytes checked out on the way
 (digests, sizes, finite values: `exchange.payload`), it is of this island's model and run
 (`peers.gossip.partner_state`), its distance from this island's anchor is plausible
-(`peers.plausibility`), and its momentum and its place along the island's progress keep the
-bounds of `core.influence` (which also bounds the weight it is mixed with). A refused state is
+(`peers.plausibility`), its momentum and its place along the island's progress keep the
+bounds of `core.influence` (which also bounds the weight it is mixed with), and, where the island
+has a probe, its mix does not raise a held-out loss (`peers.probe`). A refused state is
 counted and logged, and its sender backs off, or is never chosen again (`PartnerChooser`). A state refused as too far while far ahead may mean that
 this island is the stale one: it then catches up from the freshest members on a thread of its own
 (`peers.state.CatchUp`), training on meanwhile.
@@ -16,6 +17,7 @@ this island is the stale one: it then catches up from the freshest members on a 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 
 from p2p_diloco.core.island import OuterLoop
@@ -25,6 +27,7 @@ from p2p_diloco.peers.gossip import FetchResult, partner_state
 from p2p_diloco.peers.identity import Identity
 from p2p_diloco.peers.partners import PartnerChooser
 from p2p_diloco.peers.plausibility import Measured, PlausibilityGate
+from p2p_diloco.peers.probe import EffectProbe
 from p2p_diloco.peers.publishing import Publisher
 from p2p_diloco.peers.state import STALE_LAG, CatchUp, StateSource
 
@@ -35,8 +38,11 @@ class PartnerChecks:
     """The checks of partners' states for one island (see the module docstring)."""
 
     def __init__(self, identity: Identity, outer: OuterLoop, chooser: PartnerChooser, publisher: Publisher,
-                 source: StateSource) -> None:
+                 source: StateSource, probe_fn: Callable[[], float] | None = None) -> None:
+        """`probe_fn()`: the model's loss over fixed held-out batches (`peers.probe`; None: no probe)."""
         self.identity, self.outer, self.chooser, self.publisher, self.source = identity, outer, chooser, publisher, source
+        self.probe = None if probe_fn is None else EffectProbe(outer, probe_fn)
+        """Judges a state by its mix's effect on a held-out loss, after every other check (None: not)."""
         self.gate = PlausibilityGate()
         self.catch_up: CatchUp | None = None
         """The download of the freshest states, while this island catches up."""
@@ -73,11 +79,17 @@ class PartnerChecks:
                 self.catch_up_from(result.peer_id, state.version)  # this island may be the stale one
                 info["caught_up"] = True
             return self.refuse(result.peer_id, why, info)
-        self.chooser.mixed(result.peer_id)
         if measured is not None:
             info["distance"] = round(measured.distance, 6)
             state = replace(state, gap=measured.trained)
             info.update(self.figures(measured, d))
+        if self.probe is not None:  # what the mix would do (`peers.probe`)
+            effect = self.probe.effect(state)
+            if effect is not None:
+                info["probe"] = round(effect, 5)
+            if (why := self.probe.judge(effect)) is not None:
+                return self.refuse(result.peer_id, why, info)
+        self.chooser.mixed(result.peer_id)
         return state, info
 
     def judge(self, state: PartnerState, measured: Measured | None, d: float | None) -> str | None:

@@ -66,7 +66,7 @@ class SwarmIsland:
                  diloco: DiLoCoConfig | None = None, network: NetworkConfig | None = None,
                  discovery: DiscoveryConfig | None = None, island: IslandConfig | None = None,
                  eval_fn: Any = None, extra_state: Any = None, tokens_per_step: int = 1,
-                 group: IntraIsland | None = None, link: EmulatedLink | None = None,
+                 group: IntraIsland | None = None, link: EmulatedLink | None = None, probe_fn: Any = None,
                  stopped: Callable[[], bool] = lambda: False) -> None:
         """`link`: a WAN link to emulate for what this island sends (`bench member`, demos and tests);
         `stopped()`: asked to stop while the island waits for a bootstrap node, before `stop()` exists."""
@@ -114,7 +114,7 @@ class SwarmIsland:
         self.chooser = PartnerChooser(self.peer_id, self.diloco.max_staleness, model=self.identity.model,
                                       relay=self.reach.relay is not None, rng=random.Random(self.peer_id),
                                       ring=self.exchange.ring)
-        self.checks = PartnerChecks(self.identity, self.outer, self.chooser, self.publisher, self.source)
+        self.checks = PartnerChecks(self.identity, self.outer, self.chooser, self.publisher, self.source, probe_fn)
         self.tally, self.alone = Tally(), AloneWatch(self.identity.name)
         self.rounds = Rounds(identity=self.identity, outer=self.outer, diloco=self.diloco, island=self.cfg,
                              network=self.network, membership=self.membership, gossip=self.gossip,

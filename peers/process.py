@@ -20,7 +20,7 @@ import torch
 
 from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, IslandConfig, ModelConfig, NetworkConfig, TrainConfig
 from p2p_diloco.core.data import BatchSampler, eval_batches, load_corpus
-from p2p_diloco.core.device import resolve_device
+from p2p_diloco.core.device import peak_memory_bytes, resolve_device
 from p2p_diloco.core.inner import evaluate
 from p2p_diloco.core.model import build_model
 from p2p_diloco.errors import JoinStopped
@@ -32,6 +32,8 @@ from p2p_diloco.peers.runner import Trainer, train
 from p2p_diloco.terminal import leave_terminal
 
 EVAL_BATCH_SIZE = 16
+PROBE_BATCHES, PROBE_SEED = 2, 4321
+"""The held-out batches a partner's mix is judged on (`peers.probe`): others than the eval loss's."""
 
 
 class _StopFlag:
@@ -102,8 +104,10 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
             seed = group.share(0) + group.rank
         else:
             evals = eval_batches(corpus.val, block, cfg.eval_batches, EVAL_BATCH_SIZE)
+            probes = eval_batches(corpus.val, block, PROBE_BATCHES, EVAL_BATCH_SIZE, seed=PROBE_SEED)
             island = SwarmIsland(model, trainer.optimizer, diloco=diloco, network=network, discovery=discovery,
                                  island=cfg, eval_fn=lambda: evaluate(model, evals, train_cfg.precision),
+                                 probe_fn=lambda: evaluate(model, probes, train_cfg.precision),
                                  extra_state=trainer, group=group, link=link, stopped=lambda: stop.signum is not None)
             seed = int.from_bytes(hashlib.sha256(island.peer_id.encode()).digest()[:4], "little")
             seed = seed if group is None else group.share(seed)
@@ -117,6 +121,8 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
         with island:
             train(island, trainer, cfg.max_seconds, size_by_time=by_time)
         summary = island.close()
+        if summary:  # what the device's memory came to (the CUDA allocator's peak; None elsewhere)
+            summary = {**summary, "peak_device_bytes": peak_memory_bytes(device)}
         if summary and not cfg.quiet:  # (rank 0 of a torchrun island; the others have none)
             summary_line(summary)
         return stop.exit_code, summary

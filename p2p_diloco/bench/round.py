@@ -26,11 +26,17 @@ row says `"peak_method": "sampled"`. The counter is also reset between pieces, s
 the second publish on, the island's server also holds its previous snapshot, `retain_snapshots`).
 
 Model sizes follow GPT-2's proportions (`model_shape`): head size 64 and as many layers as heads.
+
+`--device cuda` builds the island there (as `join --device cuda` does): each piece is timed up to a
+`torch.cuda.synchronize`, and the row adds `device_peak_extra_bytes`, the most CUDA memory the
+island's tensors held above the baseline (`torch.cuda.max_memory_allocated`); `peak_extra_bytes`
+stays the host's.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import math
@@ -150,8 +156,8 @@ def _status_bytes(field: str) -> int:
         return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M).group(1)) * 1024
 
 
-def build_island(shape: dict[str, int]) -> tuple[Any, Any]:
-    """A GPT with gradients and AdamW state, as an island holds them between two inner steps."""
+def build_island(shape: dict[str, int], device: Any = "cpu") -> tuple[Any, Any]:
+    """A GPT with gradients and AdamW state on `device`, as an island holds them between two inner steps."""
     import torch
 
     from p2p_diloco.config import TrainConfig
@@ -159,9 +165,9 @@ def build_island(shape: dict[str, int]) -> tuple[Any, Any]:
     from p2p_diloco.core.model import GPT
 
     torch.manual_seed(0)
-    model = GPT(**shape, dropout=0.0)
+    model = GPT(**shape, dropout=0.0).to(device)
     optimizer = make_optimizer(model, TrainConfig())
-    x = torch.randint(shape["vocab_size"], (1, 33))  # batch 1, block 32
+    x = torch.randint(shape["vocab_size"], (1, 33), device=device)  # batch 1, block 32
     _, loss = model(x[:, :-1], x[:, 1:])
     loss.backward()
     optimizer.step()  # AdamW's two moments now exist; the gradients stay
@@ -174,36 +180,41 @@ def serve_partner(model: Any, network: Any, fp: str) -> Any:
     from p2p_diloco.exchange.server import SnapshotServer
 
     server = SnapshotServer(config=network)
-    phi = ParamSlices(model).gather().mul_(1.001)
+    phi = ParamSlices(model).gather("cpu").mul_(1.001)
     server.publish({"phi": phi}, version=0, tokens=ROUND_TOKENS, meta={"peer_id": "partner", "model": fp})
     return server
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+def _timed(fn: Callable[[], Any], sync: Callable[[], None] = lambda: None) -> tuple[Any, float]:
+    """`fn()` and its seconds, up to `sync()` (the device's queued work done)."""
+    sync()
     t0 = time.perf_counter()
     out = fn()
+    sync()
     return out, time.perf_counter() - t0
 
 
 def one_round(outer: Any, publisher: Any, endpoint: str, network: Any, fp: str, meter: PeakMeter) -> dict:
     """Publish, fetch, mix, outer step, as an island's round does after its inner steps: each
     piece's seconds and its peak memory above the baseline."""
+    from p2p_diloco.core.device import synchronize
     from p2p_diloco.peers.gossip import partner_state
 
     numel = outer.state.phi.numel()
+    sync = functools.partial(synchronize, outer.state.phi.device)
     seconds, peaks = {}, {}
 
     def mark(piece: str, s: float) -> None:
         seconds[piece], peaks[piece] = s, meter.take()
 
-    mark("publish", _timed(publisher.publish)[1])
-    snap, s = _timed(lambda: fetch_encoded(endpoint, network))
+    mark("publish", _timed(publisher.publish, sync)[1])
+    snap, s = _timed(lambda: fetch_encoded(endpoint, network), sync)
     mark("fetch", s)
-    weight, s = _timed(lambda snap=snap: outer.mix_arrived(partner_state(snap, numel, fp)))
+    weight, s = _timed(lambda snap=snap: outer.mix_arrived(partner_state(snap, numel, fp)), sync)
     assert weight > 0, "the partner must be mixed, or mix_s would time nothing"
     del snap  # mixed: the island keeps nothing of it
     mark("mix", s)
-    mark("outer", _timed(lambda: outer.end_round([], tokens=ROUND_TOKENS))[1])
+    mark("outer", _timed(lambda: outer.end_round([], tokens=ROUND_TOKENS), sync)[1])
     return {"seconds": seconds, "peaks": peaks}
 
 
@@ -216,21 +227,25 @@ def fetch_encoded(endpoint: str, network: Any) -> Any:
 
 
 def clone_seconds(phi: Any, repeat: int = 3) -> float:
-    """Median seconds of one fresh `phi.clone()` (each clone freed before the next)."""
+    """Median seconds of one fresh `phi.clone()` (each clone freed before the next), where `phi` lives."""
+    from p2p_diloco.core.device import synchronize
+
     times = []
     for _ in range(repeat):
-        copy, s = _timed(phi.clone)
+        copy, s = _timed(phi.clone, functools.partial(synchronize, phi.device))
         times.append(s)
         del copy
     return statistics.median(times)
 
 
-def measure(params: int, threads: int = 1, repeat: int = REPEAT, exchange: str = "state") -> dict[str, Any]:
-    """One size in this process, its island publishing as `exchange` has it: the row of the JSON output
-    plus `details` (shape, every round, peaks)."""
+def measure(params: int, threads: int = 1, repeat: int = REPEAT, exchange: str = "state",
+            device: str = "cpu") -> dict[str, Any]:
+    """One size in this process on `device`, its island publishing as `exchange` has it: the row of the JSON
+    output plus `details` (shape, every round, peaks)."""
     import torch
 
     from p2p_diloco.config import DiLoCoConfig, NetworkConfig
+    from p2p_diloco.core.device import peak_memory_bytes, reset_peak_memory, resolve_device
     from p2p_diloco.core.island import OuterLoop
     from p2p_diloco.core.modes import exchange_mode
     from p2p_diloco.core.params import fingerprint
@@ -240,10 +255,12 @@ def measure(params: int, threads: int = 1, repeat: int = REPEAT, exchange: str =
 
     torch.set_num_threads(threads)
     network, diloco, shape = NetworkConfig(), DiLoCoConfig(exchange=exchange), model_shape(params)
-    model, _optimizer = build_island(shape)  # its state stays alive through the measurement, as an island's
+    where = resolve_device(device)
+    model, _optimizer = build_island(shape, where)  # its state stays alive through the measurement, as an island's
     fp = fingerprint(model)
     partner = serve_partner(model, network, fp)
     gc.collect()
+    device_baseline = reset_peak_memory(where)
     meter = PeakMeter()
     try:
         outer = OuterLoop("island", model, diloco)
@@ -261,7 +278,9 @@ def measure(params: int, threads: int = 1, repeat: int = REPEAT, exchange: str =
     details = {"shape": shape, "threads": threads, "baseline_rss_bytes": meter.baseline,
                "peaks": {"outer_loop": setup_peak, **rounds[0]["peaks"]}, "rounds": rounds}
     peak = max([setup_peak, *(v for r in rounds for v in r["peaks"].values())])  # the steady state's rounds too
-    row = {"exchange": exchange, **_row(n, clone_s, rounds, peak)}
+    row = {"exchange": exchange, "device": str(where), **_row(n, clone_s, rounds, peak)}
+    if device_baseline is not None:
+        row["device_peak_extra_bytes"] = peak_memory_bytes(where) - device_baseline
     if meter.method != "clear_refs":
         row["peak_method"] = meter.method
     return {**row, "details": details}
@@ -279,16 +298,17 @@ def _row(params: int, clone_s: float, rounds: list[dict], peak: int) -> dict[str
 
 
 def run_round(params: list[int] | tuple[int, ...] = DEFAULT_PARAMS, threads: int = 1, repeat: int = REPEAT,
-              log: Callable[[str], None] | None = None, exchanges: tuple[str, ...] = ("state",)) -> dict[str, Any]:
-    """Measure each size, for each exchange, in its own fresh process; returns `{"rows": [...]}` (details
-    go to `log`)."""
+              log: Callable[[str], None] | None = None, exchanges: tuple[str, ...] = ("state",),
+              device: str = "cpu") -> dict[str, Any]:
+    """Measure each size, for each exchange, in its own fresh process on `device`; returns `{"rows": [...]}`
+    (details go to `log`)."""
     say = log or (lambda msg: None)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     rows = []
     for exchange, n in ((e, n) for e in exchanges for n in params):
         out = subprocess.run([sys.executable, "-m", "p2p_diloco.bench.round", str(n), "--threads", str(threads),
-                              "--repeat", str(repeat), "--exchange", exchange], env=env, capture_output=True,
-                             text=True, timeout=SIZE_RUN_S)
+                              "--repeat", str(repeat), "--exchange", exchange, "--device", device], env=env,
+                             capture_output=True, text=True, timeout=SIZE_RUN_S)
         if out.returncode:
             raise RuntimeError(f"measuring {n} parameters failed: {out.stderr[-2000:]}")
         row = json.loads(out.stdout.splitlines()[-1])
@@ -336,8 +356,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeat", type=int, default=REPEAT)
     p.add_argument("--exchange", default="state")
+    p.add_argument("--device", default="cpu")
     a = p.parse_args(argv)
-    print(json.dumps(measure(a.params, a.threads, a.repeat, a.exchange)), flush=True)
+    print(json.dumps(measure(a.params, a.threads, a.repeat, a.exchange, a.device)), flush=True)
 
 
 if __name__ == "__main__":

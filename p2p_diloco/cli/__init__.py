@@ -5,8 +5,9 @@ Heavy imports (torch, hivemind, zmq, textual) happen inside command bodies so th
 `p2p-diloco --help` is instant. Expected failures become `click.ClickException` (no traceback).
 
 Commands: `simulate` (simulate.py), `bootstrap` (bootstrap.py), `join` (join.py), `status` and
-`dashboard` (watch.py), `demo` (demo.py), `bench transport|swarm` (bench.py); shared options in
-options.py. This module holds the root group: logging and `--config FILE` (read by `config_file.py`).
+`dashboard` (watch.py), `demo` (demo.py), `doctor` (doctor.py), `bench transport|swarm|round|attack|gpu`
+(bench.py); shared options in options.py. This module holds the root group: logging and
+`--config FILE` (read by `config_file.py`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 import click
 
 from p2p_diloco import __version__
-from p2p_diloco.cli import bench, bootstrap, demo, join, simulate, watch
+from p2p_diloco.cli import bench, bootstrap, demo, doctor, join, simulate, watch
 from p2p_diloco.cli.config_file import ADVANCED, default_map, load_toml
 from p2p_diloco.errors import ConfigError
 
@@ -49,5 +50,5 @@ def main(verbose: int) -> None:
 
 
 for _command in (simulate.simulate, bootstrap.bootstrap, watch.status, watch.dashboard, join.join, demo.demo,
-                 bench.bench):
+                 doctor.doctor, bench.bench):
     main.add_command(_command)

@@ -1,4 +1,4 @@
-"""`p2p-diloco bench transport|swarm|round|attack`: the measurements BENCHMARKS.md quotes, each printed by one command."""
+"""`p2p-diloco bench transport|swarm|round|attack|gpu`: the measurements BENCHMARKS.md quotes, each printed by one command."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ from pathlib import Path
 
 import click
 
-from p2p_diloco.bench.round import DEFAULT_PARAMS
+from p2p_diloco.bench.round import DEFAULT_PARAMS, GPT2_VOCAB
 from p2p_diloco.cli.join import join, run_join
-from p2p_diloco.cli.options import codec_option, csv, user_errors
+from p2p_diloco.cli.options import codec_option, csv, device_spec, user_errors
 from p2p_diloco.choices import HONEST_MEMBERS, POISONS
-from p2p_diloco.config import EXCHANGES, MOMENTUM_MODES, UPDATE_CODECS, WIRE_CODECS, DiLoCoConfig
+from p2p_diloco.config import (
+    EXCHANGES, MODEL_PRESETS, MOMENTUM_MODES, PRECISIONS, UPDATE_CODECS, WIRE_CODECS, DiLoCoConfig, TrainConfig
+)
 from p2p_diloco.sim.config import SimConfig
 
 
@@ -107,17 +109,22 @@ def _param_count(text: str) -> int:
 @click.option("--exchange", "exchanges", default="state,auto", show_default=True, callback=csv(str),
               help="Exchanges to measure, a row each: what the island publishes (auto and updates: its public "
                    "state's update too); the fetch and mix are of a whole state in every row.")
+@click.option("--device", default="cpu", show_default=True, callback=device_spec, metavar="DEVICE",
+              help="Where the island's model, optimizer and outer state live (cuda: the row adds its peak there).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout; details go to stderr.")
-def bench_round(params, threads, exchanges, as_json) -> None:
+def bench_round(params, threads, exchanges, device, as_json) -> None:
     """What one gossip round (publish, fetch, mix, outer step) costs an island, against model size."""
     from p2p_diloco.bench.round import run_round, targets
+    from p2p_diloco.core.device import resolve_device
 
     if not params:
         raise click.BadParameter("give at least one size", param_hint="--params")
     if not exchanges or set(exchanges) - set(EXCHANGES):
         raise click.BadParameter(f"choose from {', '.join(EXCHANGES)}", param_hint="--exchange")
     with user_errors():
-        out = run_round(params, threads, log=lambda msg: click.echo(msg, err=True), exchanges=tuple(exchanges))
+        resolve_device(device)  # a device that is not here: one line, before any process starts
+        out = run_round(params, threads, log=lambda msg: click.echo(msg, err=True), exchanges=tuple(exchanges),
+                        device=device)
     if as_json:
         click.echo(json.dumps(out))
         return
@@ -170,6 +177,47 @@ def bench_attack(kinds, honest, tokens, workdir, as_json) -> None:
         click.echo(f"{kind:>10}: eval loss {', '.join(f'{x:.4f}' for x in a['eval_loss'])} "
                    f"(worst x{a['worst_ratio_to_clean']:.4f} of the clean run); the member's states refused "
                    f"{a['member_states_refused']}, mixed {a['member_states_mixed']} (bounded {a['member_mixes_bounded']})")
+
+
+@bench.command("gpu")
+@click.option("--device", default="cuda", show_default=True, callback=device_spec, metavar="DEVICE",
+              help="Where both islands train (cpu: the CI run of this check).")
+@click.option("--preset", type=click.Choice(sorted(MODEL_PRESETS)), default="gpt2-small", show_default=True,
+              help="The islands' model.")
+@click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True)
+@click.option("--vocab-size", type=click.IntRange(256, 65536), default=GPT2_VOCAB, show_default=True,
+              help="Vocabulary of the token shards written for the run (the embedded corpus's bytes as ids).")
+@click.option("--rounds", type=click.IntRange(1, 1000), default=4, show_default=True, help="Rounds each island trains.")
+@click.option("--local-steps", "-H", type=click.IntRange(1, 10_000), default=DiLoCoConfig.local_steps,
+              show_default=True, help="Inner steps per round.")
+@click.option("--batch-size", type=click.IntRange(1, 4096), default=TrainConfig.batch_size, show_default=True,
+              help="Sequences per inner step.")
+@click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the shards, logs and checkpoints here.")
+@click.option("--output", type=click.Path(dir_okay=False), default=None, help="Also write the JSON object to this file.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout; progress goes to stderr.")
+def bench_gpu(device, preset, precision, vocab_size, rounds, local_steps, batch_size, workdir, output, as_json) -> None:
+    """Two islands on one GPU (gpt2-small, bf16) for a few rounds, then `bench round` there: tokens/s,
+    losses, mixes, round overhead, peak memory."""
+    from p2p_diloco.bench.gpu import run_bench_gpu
+
+    with user_errors():
+        try:
+            out = run_bench_gpu(device, preset, precision, vocab_size, rounds, local_steps, batch_size,
+                                Path(workdir) if workdir else None, log=lambda msg: click.echo(msg, err=True))
+        except RuntimeError as e:  # an island or the round's process failed: its log is named
+            raise click.ClickException(str(e)) from e
+    text = json.dumps(out)
+    if output:
+        Path(output).write_text(text + "\n")
+    if as_json:
+        click.echo(text)
+        return
+    for i in out["islands"]:
+        click.echo(f"{i['name']}: {i['tokens_per_s'] or 0:,.0f} tokens/s, loss {i['loss_start']:.3f} -> {i['loss_end']:.3f}, "
+                   f"{i['mixes']} mixes")
+    r, m = out["round"], out["memory"]
+    click.echo(f"round: {r['overhead_s']:.3f} s, {r['overhead_vs_clone']:.1f} clones of the state; peak memory "
+               f"{m['peak_bytes'] / 2**30:.2f} GiB, x{m['peak_vs_model_optimizer']:.2f} model + optimizer ({m['method']})")
 
 
 RETIRED_FOR_MEMBER = ("--slowdown", "--poison", "--latency-ms", "--bandwidth-mbps")

@@ -202,7 +202,7 @@ def config_file_option(flag: str, section: str, field: str | None = None) -> Cal
                           figures=False, status="is set in a config file only")
 
 
-def _device_spec(_ctx, param, value: str) -> str:
+def device_spec(_ctx, param, value: str) -> str:
     """click callback: a malformed --device is a usage error naming the accepted forms (availability is
     checked later, when the command resolves it)."""
     if value is not None and re.fullmatch(DEVICE_RE, value) is None:
@@ -215,7 +215,7 @@ def device_options(f: Callable) -> Callable:
     so `--help` lists them in this order)."""
     f = click.option("--precision", type=click.Choice(PRECISIONS), default=T.precision, show_default=True,
                      help="bf16: forward and backward under bf16 autocast; weights and optimizer state stay fp32.")(f)
-    return click.option("--device", default=T.device, show_default=True, callback=_device_spec, metavar="DEVICE",
+    return click.option("--device", default=T.device, show_default=True, callback=device_spec, metavar="DEVICE",
                         help="Where the model, inner optimizer and outer state live: auto (CUDA when available), cpu, "
                              "cuda, cuda:N, mps.")(f)
 

@@ -39,8 +39,10 @@ def _mps_available() -> bool:
 def _cuda(spec: str, index: int | None) -> torch.device:
     """cuda:index, checked against what is here; no index means this rank's GPU (or cuda:0)."""
     if not torch.cuda.is_available():
-        raise DeviceError(f"--device {spec}: CUDA is not available here (this torch is a CPU build, or no GPU is "
-                          f"visible); use --device cpu or auto")
+        why = ("no GPU is visible" if torch.version.cuda else
+               f"torch {torch.__version__} is a CPU build: `make install CUDA=1` installs a CUDA one")
+        raise DeviceError(f"--device {spec}: CUDA is not available here ({why}; `p2p-diloco doctor` says what this "
+                          f"machine has); use --device cpu or auto")
     index = index if index is not None else (_local_rank() or 0)
     count = torch.cuda.device_count()
     if index >= count:
@@ -103,3 +105,28 @@ def to_host(x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
     if cuda:
         torch.cuda.current_stream(x.device).synchronize()  # the copy was asynchronous; wait for it, not the device
     return buf
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait until the work queued on `device` is done (for timing it; a no-op off CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reset_peak_memory(device: torch.device) -> int | None:
+    """Start a new window for `peak_memory_bytes` on `device`; the bytes allocated there now (None where torch
+    keeps no count: the CPU and MPS, whose peak is the process's resident set, `bench.round.PeakMeter`)."""
+    if device.type != "cuda":
+        return None
+    synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def peak_memory_bytes(device: torch.device) -> int | None:
+    """The most bytes this process's tensors held on `device` since it started or `reset_peak_memory`
+    (CUDA's allocator count, `torch.cuda.max_memory_allocated`); None where torch keeps no count."""
+    if device.type != "cuda":
+        return None
+    synchronize(device)
+    return torch.cuda.max_memory_allocated(device)

@@ -74,11 +74,12 @@ class InfluenceBound:
         if larger (the rounds grow while the learning rate warms up)."""
         return max(statistics.median(self.deltas), self.deltas[-1]) if self.deltas else None
 
-    def clip(self, a: float, gap: float | None, d: float | None) -> float:
-        """The weight of a partner at distance `gap` from the anchor, at most `CLIP x d / gap`."""
+    def clip(self, a: float, gap: float | None, d: float | None, count: bool = True) -> float:
+        """The weight of a partner at distance `gap` from the anchor, at most `CLIP x d / gap`; `count`:
+        a mix will use it (`clipped`)."""
         if gap is None or d is None or a <= 0 or a * gap <= CLIP * d:
             return a
-        self.clipped += 1
+        self.clipped += count
         return CLIP * d / gap
 
     def momentum(self, norm: float | None, d: float | None) -> str | None:

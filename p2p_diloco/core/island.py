@@ -55,11 +55,11 @@ class OuterLoop:
     def pseudo_gradient(self) -> torch.Tensor:
         return self.state.phi - self.params_vector()
 
-    def weight(self, partner: PartnerState) -> float:
+    def weight(self, partner: PartnerState, count: bool = True) -> float:
         """The mixing weight of a partner's state now (0 = skip it; `core.outer.mixing_weight`), cut so
-        that the partner moves the anchor by a bounded amount (`core.influence`)."""
+        that the partner moves the anchor by a bounded amount (`core.influence`; `count`: a mix uses it)."""
         a = mixing_weight(self.cfg, self.state.version, self.state.tokens, partner)
-        return a if partner.gap is None or a <= 0 else self.influence.clip(a, partner.gap, self.progress())
+        return a if partner.gap is None or a <= 0 else self.influence.clip(a, partner.gap, self.progress(), count)
 
     @torch.no_grad()
     def progress(self) -> float | None:
@@ -103,6 +103,15 @@ class OuterLoop:
             mix_slice_(s, partner, a, self.momentum, i, j, theirs)
         mix_counters_(s, partner, a, self.cfg)
         return a
+
+    @torch.no_grad()
+    def shift_running(self, partner: PartnerState, a: float) -> None:
+        """Move the running weights alone by `a (phi_j - phi_i)` (a negative `a` takes the move back, up
+        to the weights' rounding): what a mix on arrival does to them (`peers.probe`)."""
+        s = self.state
+        for i, j, theta in self.slices:
+            shift = (partner.phi[i:j].to(s.phi.device, non_blocking=True) - s.phi[i:j]).mul_(a)
+            theta.add_(shift.to(theta.device, theta.dtype, non_blocking=True))
 
     @torch.no_grad()
     def end_round(self, partners: list[PartnerState], delta: torch.Tensor | None = None,

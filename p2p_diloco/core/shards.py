@@ -140,3 +140,18 @@ def load_shards(path: Path, vocab_size: int | None, val_fraction: float) -> tupl
         train.append((name, last[:cut]))
         val = [(name, last[cut:])]
     return TokenSource(train, vocab), TokenSource(val, vocab), vocab
+
+
+def write_shard(path: Path, tokens: np.ndarray | torch.Tensor, vocab_size: int) -> Path:
+    """Write `tokens` as a shard `open_shard` reads: llm.c's header naming `vocab_size` (our header[3]),
+    then the ids as little-endian uint16."""
+    ids = np.asarray(tokens.numpy() if isinstance(tokens, torch.Tensor) else tokens)
+    if not 1 <= vocab_size <= MAX_UINT16_VOCAB or ids.size == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+        raise DataError(f"token shard {path}: ids must lie in [0, {vocab_size}) and the vocabulary fit uint16")
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[:4] = LLMC_MAGIC, LLMC_VERSION, ids.size, vocab_size
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(ids.astype(TOKEN_DTYPE).tobytes())
+    return path

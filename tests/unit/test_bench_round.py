@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from p2p_diloco.bench.round import PeakMeter, model_shape, run_round, shape_params
 from p2p_diloco.cli import main
 
-KEYS = {"exchange": str, "params": int, "state_bytes": int, "clone_s": float, "publish_s": float, "fetch_s": float, "mix_s": float,
+KEYS = {"exchange": str, "device": str, "params": int, "state_bytes": int, "clone_s": float, "publish_s": float, "fetch_s": float, "mix_s": float,
         "outer_s": float, "overhead_s": float, "peak_extra_bytes": int, "overhead_per_param_ns": float,
         "overhead_vs_clone": float, "peak_extra_vs_state": float}
 
@@ -22,8 +22,8 @@ def test_one_small_size_gives_a_consistent_row():
     assert set(row) - {"peak_method"} == set(KEYS)
     for key, kind in KEYS.items():
         assert type(row[key]) is kind, key
-        assert key == "exchange" or row[key] > 0, key
-    assert row["exchange"] == "state"
+        assert key in ("exchange", "device") or row[key] > 0, key
+    assert row["exchange"] == "state" and row["device"] == "cpu" and "device_peak_extra_bytes" not in row
     assert row["params"] == shape_params(model_shape(200_000))
     assert row["state_bytes"] == 4 * row["params"]
     assert row["overhead_s"] == pytest.approx(row["publish_s"] + row["fetch_s"] + row["mix_s"] + row["outer_s"])

@@ -1,0 +1,96 @@
+"""Judge a partner's state by what its mix does: a held-out loss with and without it.
+
+Where a state sits (`peers.plausibility`, `core.influence`) cannot tell every broken or hostile
+member from an honest one: a member whose training is stuck publishes weights a few rounds old, one
+that reverses its last change publishes weights a round or two back, and both sit as close to the
+island as honest partners do early in a run, when every round moves the weights far. What the mix
+does tells them apart: like Templar's Gauntlet, which scores a peer by the loss before and after
+its contribution, the island evaluates a few fixed held-out batches (not those of its eval loss, so
+that the eval loss stays an honest measure) on its running weights, then with the partner's mix
+applied as it would be (`a (phi_j - phi_i)` at the weight the bounds allow), and takes the mix back.
+A state whose mix raises that loss by more than a tolerance is refused: `FLOOR` of it, or half of
+what the island's own rounds lower it by lately, whichever is larger (early in a run honest mixes
+raise it by several percent, as much as a round of training lowers it).
+
+The probe runs on the training thread, between inner steps, for every state that passed the other
+checks: two forward passes over the probe batches and two passes over the weights, no copy of them
+(BENCHMARKS.md, "Judged by effect", measures its cost and what it buys). An island without a probe
+(`probe_fn=None` in the API) skips it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+
+from p2p_diloco.core.island import OuterLoop
+from p2p_diloco.core.outer import PartnerState
+
+FLOOR = 0.01
+"""A mix may always raise the probe loss by this fraction of it: late in a run, honest mixes stay
+under it (at most 0.9% in `bench attack`'s runs), a state a round or two behind does not (1.4-2%)."""
+ROUNDS = 0.5
+"""... or by this many of the island's own recent rounds of progress (the relative drop of its probe
+loss per round): early in a run, when every round lowers the loss by several percent, honest
+mixes of states trained on other data raise it by up to a few percent."""
+START = 0.05
+"""The bound until the island measured its progress over a whole round."""
+WINDOW = 4.0
+"""Rounds its progress is measured over."""
+
+
+class EffectProbe:
+    """The probe loss of the island's running weights with and without a partner's mix."""
+
+    def __init__(self, outer: OuterLoop, loss: Callable[[], float]) -> None:
+        """`loss()`: the model's mean loss over fixed held-out batches, at its running weights."""
+        self.outer, self.loss = outer, loss
+        self.seen: deque[tuple[float, float]] = deque()
+        """(when, in the island's rounds; the probe loss then) over the last `WINDOW` rounds."""
+
+    def _when(self) -> float:
+        return self.outer.state.version + self.outer.round_steps / max(1, self.outer.cfg.local_steps)
+
+    def progress(self) -> float | None:
+        """The relative drop of the probe loss per round over the last rounds (None: less than a round seen)."""
+        if not self.seen:
+            return None
+        (t0, first), (t1, last) = self.seen[0], self.seen[-1]
+        return None if t1 - t0 < 1.0 else (first - last) / last / (t1 - t0)
+
+    def tolerance(self) -> float:
+        """How much a mix may raise the probe loss now, relative to it."""
+        p = self.progress()
+        return START if p is None else max(FLOOR, ROUNDS * p)
+
+    def _saw(self, loss: float) -> None:
+        now = self._when()
+        self.seen.append((now, loss))
+        while len(self.seen) > 2 and now - self.seen[1][0] >= WINDOW:
+            self.seen.popleft()
+
+    def effect(self, partner: PartnerState) -> float | None:
+        """How much mixing `partner` now would change the probe loss, relative to it (None: it would not
+        be mixed, or the loss is not finite)."""
+        a = self.outer.weight(partner, count=False)
+        if a <= 0:
+            return None
+        before = self.loss()
+        self.outer.shift_running(partner, a)
+        try:
+            after = self.loss()
+        finally:
+            self.outer.shift_running(partner, -a)
+        if not (math.isfinite(before) and before > 0):
+            return None
+        self._saw(before)
+        return (after - before) / before if math.isfinite(after) else math.inf
+
+    def judge(self, effect: float | None) -> str | None:
+        """Why a state whose mix has this `effect` is refused (None: it is not)."""
+        bound = self.tolerance()
+        if effect is None or effect <= bound:
+            return None
+        return (f"harmful: mixing it raises this island's probe loss by {100 * effect:.2f}% "
+                f"(bound {100 * bound:.2f}%)")

@@ -1,0 +1,96 @@
+"""`peers.probe`: a partner's mix judged by its effect on a held-out loss.
+
+Two islands of a small model train a few rounds on two parts of one text, mixing each other's
+states; a third part is held out. Mid-round, the first island probes an honest partner's state and
+the state of a stuck member (its initial weights).
+"""
+
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
+from p2p_diloco.core.data import BatchSampler
+from p2p_diloco.core.inner import evaluate
+from p2p_diloco.core.island import Island
+from p2p_diloco.core.model import build_model
+from p2p_diloco.core.outer import PartnerState
+from p2p_diloco.peers.probe import FLOOR, ROUNDS, START, WINDOW, EffectProbe
+
+TRAINED = 6
+TEXT = torch.tensor(list((Path(__file__).parents[2] / "docs" / "DESIGN.md").read_bytes()), dtype=torch.uint8)
+PART = TEXT.numel() // 3
+
+
+def _island(name: str, part: int) -> Island:
+    torch.manual_seed(0)  # the same initial weights, other data
+    model = build_model(ModelConfig(n_layer=1, n_embd=32, n_head=2, block_size=32))
+    data = TEXT[part * PART:(part + 1) * PART]
+    return Island(name, model, TrainConfig(batch_size=8, warmup_steps=0, lr=3e-3), DiLoCoConfig(local_steps=5),
+                  BatchSampler(data, 32, 8, seed=part))
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """After `TRAINED` rounds of mixing: the two islands, their initial weights, and a probe of the
+    first on the held-out part, two steps into a round."""
+    a, b = _island("a", 0), _island("b", 1)
+    initial = a.state.phi.clone()
+    for _ in range(TRAINED):
+        for isl in (a, b):
+            for _ in range(isl.cfg.local_steps):
+                isl.inner_step()
+        sa, sb = a.state.clone(), b.state.clone()
+        a.end_round([PartnerState(sb.phi, sb.m, sb.version, sb.tokens)])
+        b.end_round([PartnerState(sa.phi, sa.m, sa.version, sa.tokens)])
+    for _ in range(2):
+        a.inner_step()
+    sampler = BatchSampler(TEXT[2 * PART:], 32, 16, seed=9)
+    held_out = [sampler.next() for _ in range(2)]
+    return a, b, initial, EffectProbe(a, lambda: evaluate(a.model, held_out))
+
+
+def _state(island: Island, phi: torch.Tensor, m: torch.Tensor) -> PartnerState:
+    return PartnerState(phi, m, island.state.version, island.state.tokens)
+
+
+def test_an_honest_mix_passes_and_stuck_training_does_not(trained):
+    a, b, initial, probe = trained
+    honest = probe.effect(_state(a, b.state.phi, b.state.m))
+    stuck = probe.effect(_state(a, initial, b.state.m))
+    assert probe.judge(honest) is None
+    assert stuck > START and "harmful" in probe.judge(stuck)
+
+
+def test_the_tolerance_follows_the_island_s_own_progress():
+    """Half of what a round lowers the probe loss by, lately; `FLOOR` at least; `START` until a round was seen."""
+    outer = SimpleNamespace(state=SimpleNamespace(version=0), round_steps=0, cfg=SimpleNamespace(local_steps=10))
+    probe = EffectProbe(outer, loss=lambda: 0.0)
+    for version, loss in ((0, 3.0), (1, 2.7)):
+        assert probe.tolerance() == START
+        outer.state.version = version
+        probe._saw(loss)
+    assert probe.progress() == pytest.approx(0.3 / 2.7) and probe.tolerance() == pytest.approx(ROUNDS * 0.3 / 2.7)
+    for version in range(2, 12):  # a plateau: the floor, measured over the last rounds only
+        outer.state.version = version
+        probe._saw(2.0)
+    assert probe.progress() == 0.0 and probe.tolerance() == FLOOR
+    assert probe.seen[-1][0] - probe.seen[0][0] <= WINDOW + 1
+
+
+def test_the_probe_leaves_the_running_weights_and_the_bound_count_as_they_were(trained):
+    a, b, initial, probe = trained
+    running, clipped = a.params_vector(), a.influence.clipped
+    far = replace(_state(a, initial * 3, b.state.m), gap=(initial * 3 - a.state.phi).norm().item())  # cut by the bound
+    assert probe.effect(far) is not None
+    assert torch.allclose(a.params_vector(), running, atol=1e-6)
+    assert a.influence.clipped == clipped  # only a mix counts as bounded
+
+
+def test_nothing_to_judge_when_the_state_would_not_be_mixed(trained):
+    a, b, _, probe = trained
+    too_stale = PartnerState(b.state.phi, b.state.m, a.state.version - 100, a.state.tokens)
+    assert probe.effect(too_stale) is None and probe.judge(None) is None
