@@ -72,12 +72,13 @@ def test_an_island_started_before_its_rendezvous_joins_once_it_is_up(caplog):
 def _join(procs, folder, dead: str, *extra: str) -> tuple[subprocess.Popen, object]:
     folder.mkdir()
     log = folder / "join.err"
-    args = ["-m", "p2p_diloco", "join", "--bootstrap", dead, "--discovery", "zmq", "--run-dir",
+    (folder / "p2p.toml").write_text("[discovery]\nconnect_timeout = 1.0\n")  # one attempt: 1 s, not 10
+    args = ["-m", "p2p_diloco", "--config", str(folder / "p2p.toml"), "join", "--bootstrap", dead, "--discovery", "zmq", "--run-dir",
             str(folder / "run"), "--quiet", *extra]
     return procs.python(*args, stdout=subprocess.DEVNULL, stderr=open(log, "w")), log
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)
 def test_join_timeout_gives_up_with_one_clear_line_and_a_signal_ends_the_wait(procs, tmp_path):
     dead = f"tcp://127.0.0.1:{free_port_pair()}"
     bounded, bounded_log = _join(procs, tmp_path / "bounded", dead, "--join-timeout", "2")
