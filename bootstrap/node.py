@@ -26,7 +26,7 @@ from pathlib import Path
 
 from p2p_diloco import addresses
 from p2p_diloco.config import NetworkConfig
-from p2p_diloco.errors import DiscoveryError
+from p2p_diloco.errors import ConfigError, DiscoveryError
 
 logger = logging.getLogger(__name__)
 
@@ -46,12 +46,15 @@ class BootstrapNode:
         """`relay`: run a state relay with these exchange settings (upload cap), on `relay_port`
         (default: the DHT port + 2, or any free port), keyed by the run's `relay_secret` if it has one."""
         if discovery not in ("auto", "dht", "zmq"):
-            raise DiscoveryError(f"discovery must be auto, dht or zmq, got {discovery!r}")
+            raise ConfigError(f"discovery must be auto, dht or zmq, got {discovery!r}")
         if not 0 <= port <= 65535 - addresses.RENDEZVOUS_PORT_OFFSET:
-            raise DiscoveryError(f"port must be in [0, {65535 - addresses.RENDEZVOUS_PORT_OFFSET}], got {port}")
+            raise ConfigError(f"port must be in [0, {65535 - addresses.RENDEZVOUS_PORT_OFFSET}], got {port}")
+        if relay is not None and discovery == "dht":
+            raise ConfigError("--relay needs the rendezvous (islands learn of the relay from its dial-back answers): "
+                              "use --discovery auto or zmq")
         self.identity = Path(identity)
         if not self.identity.parent.is_dir():
-            raise DiscoveryError(f"the directory of the identity file {self.identity} does not exist")
+            raise ConfigError(f"the directory of the identity file {self.identity} does not exist")
         self.host, self.port, self.discovery = host, port, discovery
         self.rendezvous_port, self.announce_host, self.start_timeout = rendezvous_port, announce_host, start_timeout
         self.relay_config, self.relay_port, self.relay_secret = relay, relay_port, relay_secret
@@ -127,9 +130,6 @@ class BootstrapNode:
         """The state relay (`exchange.server.SnapshotServer(relay=True)`); returns its endpoint."""
         from p2p_diloco.exchange.server import SnapshotServer
 
-        if self.discovery == "dht":
-            raise DiscoveryError("--relay needs the rendezvous (islands learn of the relay from its dial-back "
-                                 "answers): use --discovery auto or zmq")
         port = self.relay_port if self.relay_port is not None else (dht_port + RELAY_PORT_OFFSET if dht_port else 0)
         host = f"[{self.host}]" if ":" in self.host else self.host
         try:

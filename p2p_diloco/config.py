@@ -214,7 +214,13 @@ class DiscoveryConfig:
     announce_host: str | None = None
     """Address others should dial to reach this island (defaults to `host`; needed when host is 0.0.0.0)."""
     connect_timeout: float = 10.0
-    """Seconds to wait for any bootstrap address to answer before giving up."""
+    """Seconds one attempt waits for any bootstrap address to answer (an observer, `status`, gives up
+    after one attempt)."""
+    join_timeout: float | None = None
+    """Seconds an island keeps trying bootstrap nodes that do not answer, with backoff and jitter,
+    before it gives up (`--join-timeout`); unset: until one answers, the island's `max_seconds`
+    pass, or it is stopped (`p2p_diloco.discovery.patience`). Not `IslandConfig.join_timeout_s`,
+    which bounds the wait for members and the first download once discovery answered."""
     secret: str | None = dataclasses.field(default=None, repr=False)
     """Swarm secret: records are sealed with a key derived from it, so only its holders can list or
     add members (`p2p_diloco.discovery.sealing`), and the state exchange's CurveZMQ keys are derived
@@ -247,6 +253,9 @@ class DiscoveryConfig:
         _require(self.announce_host is not None or self.host not in ("0.0.0.0", "::"), s, "announce_host",
                  "set when host is a wildcard address (others cannot dial 0.0.0.0)", self.announce_host)
         _require(0 < self.connect_timeout <= 600, s, "connect_timeout", "in (0, 600] seconds", self.connect_timeout)
+        patience = self.join_timeout
+        _require(patience is None or (isinstance(patience, (int, float)) and not isinstance(patience, bool) and patience > 0),
+                 s, "join_timeout", "> 0 seconds or unset", patience)
         _require(self.secret is None or (isinstance(self.secret, str) and len(self.secret) > 0), s, "secret",
                  "unset or a non-empty string", "<hidden>")
 

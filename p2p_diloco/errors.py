@@ -46,6 +46,15 @@ class DiscoveryError(P2PDiLoCoError):
     """Finding or announcing swarm members failed (unreachable bootstrap, bad record)."""
 
 
+class BootstrapUnanswered(DiscoveryError):
+    """No bootstrap node answered in time: an island retries (`discovery.patience`) until
+    `DiscoveryConfig.join_timeout`, an observer gives up at once."""
+
+
+class JoinStopped(DiscoveryError):
+    """The island was asked to stop while it waited for a bootstrap node."""
+
+
 class TransportTimeout(TransportError):
     """A peer did not answer (or stopped sending) within the allowed time."""
 

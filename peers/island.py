@@ -25,7 +25,7 @@ import math
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -49,6 +49,7 @@ from p2p_diloco.peers.partners import PartnerChooser
 from p2p_diloco.peers.plausibility import measure
 from p2p_diloco.peers.publishing import Publisher
 from p2p_diloco.peers.reach import Door, PushInbox, check_reach
+from p2p_diloco.peers.reporting import Figures, loss_value
 from p2p_diloco.peers.rounds import ANNOUNCE_EVERY_S, Rounds, Tally
 from p2p_diloco.peers.rundir import RunDirLock
 from p2p_diloco.peers.state import DISCOVERY_SETTLE_S, STALE_LAG, ModelExtras, StateSource, resume
@@ -65,8 +66,10 @@ class SwarmIsland:
                  diloco: DiLoCoConfig | None = None, network: NetworkConfig | None = None,
                  discovery: DiscoveryConfig | None = None, island: IslandConfig | None = None,
                  eval_fn: Any = None, extra_state: Any = None, tokens_per_step: int = 1,
-                 group: IntraIsland | None = None, link: EmulatedLink | None = None, probe_fn: Any = None) -> None:
-        """`link`: a WAN link to emulate for what this island sends (`bench member`, demos and tests)."""
+                 group: IntraIsland | None = None, link: EmulatedLink | None = None, probe_fn: Any = None,
+                 stopped: Callable[[], bool] = lambda: False) -> None:
+        """`link`: a WAN link to emulate for what this island sends (`bench member`, demos and tests);
+        `stopped()`: asked to stop while the island waits for a bootstrap node, before `stop()` exists."""
         from p2p_diloco.exchange.server import SnapshotServer
 
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
@@ -85,7 +88,7 @@ class SwarmIsland:
             self.reach = check_reach(self.cfg, discovery, self.server.endpoint)
             if self.reach.mode == "outbound":
                 discovery = dataclasses.replace(discovery, outbound_only=True)
-            self.membership = open_membership(discovery)
+            self.membership = open_membership(discovery, budget_s=self.cfg.max_seconds, stopped=stopped)
         except BaseException:
             self.server.close(), self._run_dir.release()
             raise
@@ -154,8 +157,9 @@ class SwarmIsland:
         """Bytes this island sent: what its server served, plus the states it pushed."""
         return self.server.stats()["bytes_sent"] + self.gossip.pushes["bytes"]
 
-    def figures(self) -> dict[str, Any]:
-        """The island's figures now: what the dashboard shows of it, as a dict."""
+    def figures(self) -> Figures:
+        """The island's figures now, what the dashboard shows of it: a dict whose every field, and the
+        sign of `staleness` (own version minus the partner's), `peers.reporting.Figures` documents."""
         t = self.tally
         return {"peer_id": self.peer_id, "name": self.name, "version": self.version, "round": self.round,
                 "tokens": self.own_tokens, "partner": t.last_partner, "staleness": t.last_staleness,
@@ -202,7 +206,7 @@ class SwarmIsland:
         if not self.wait_for_members(self.cfg.wait_for, self.cfg.join_timeout_s) and not self._stop_asked:
             log.warning("fewer than %d islands after %.0f s; starting anyway", self.cfg.wait_for, self.cfg.join_timeout_s)
         self._t0 = self._returned_at = time.monotonic()
-        self.rounds.begin(0.0)
+        self.rounds.begin(0.0, training_from=self._t0)
         if self._stop_asked:  # stopped while starting: no round to train
             self.done = True
             self._tell_ranks(STOP)
@@ -223,20 +227,22 @@ class SwarmIsland:
     def step(self, loss: Any = None, tokens: int | None = None) -> None:
         """Call after each inner optimizer step: round bookkeeping, mixing and gossip (see the module docstring).
 
-        `loss` (a float or a tensor) is what the dashboard shows and what the divergence guard
-        checks (a tensor is read every step: one device sync, the price of noticing a non-finite
-        loss at the step it happens); `tokens` those the step trained on on this process (default
+        `loss` (a float, a one-element tensor, or an object with a `.loss` tensor such as a Hugging Face
+        `ModelOutput`; else a `TypeError`) is what the dashboard shows and what the divergence guard
+        checks (a tensor is read every step: one device sync, the price of noticing a non-finite loss
+        at the step it happens); `tokens` those the step trained on on this process (default
         `tokens_per_step`), counted for the budget and for token-weighted mixing."""
         if not self._started or self._closed:
             raise RuntimeError("SwarmIsland.step() before start() (use `with join(...) as island:`) or after close()")
         if self.done:
             return
+        value = None if loss is None else loss_value(loss)  # (a TypeError leaves the island as it was)
         now = time.monotonic()
         rnd = self.rounds.rnd
         rnd.compute_s += now - self._returned_at
         self.inner_seconds += now - self._returned_at
-        if loss is not None:
-            self._loss = float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
+        if value is not None:
+            self._loss = value
             self.weights_changed |= self.guard.after_step(self._loss, self.rounds.suspect())
         self.outer.round_steps += 1
         rnd.tokens += (self.tokens_per_step if tokens is None else tokens) * self.world
@@ -246,7 +252,7 @@ class SwarmIsland:
         ended = self.rounds.over(self.own_tokens)
         if ended:
             self._end_round()
-            self.done = self._budget_spent()
+            self.done = self.rounds.budget_spent(self.round, self.own_tokens)
             self.rounds.begin(rnd.compute_s)
             if self.done and self.diloco.final_mix and not self._stop_asked:
                 info = self.rounds.final_mix()
@@ -377,13 +383,6 @@ class SwarmIsland:
     def utilization(self) -> float:
         """Share of wall time since the first inner step spent in the user's inner steps."""
         return 0.0 if self._t0 is None else self.inner_seconds / max(time.monotonic() - self._t0, 1e-6)
-
-    def _budget_spent(self) -> bool:
-        c = self.cfg
-        return bool(self._stop_asked
-                    or (c.max_rounds is not None and self.round >= c.max_rounds)
-                    or (c.max_tokens is not None and self.own_tokens >= c.max_tokens)
-                    or (c.max_seconds is not None and time.monotonic() - self._t0 >= c.max_seconds))
 
     def _log_round(self, info: dict, steps: int, compute_s: float) -> None:
         """One metrics row and progress line per round; a checkpoint every `checkpoint_every` rounds."""

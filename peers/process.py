@@ -23,6 +23,7 @@ from p2p_diloco.core.data import BatchSampler, eval_batches, load_corpus
 from p2p_diloco.core.device import peak_memory_bytes, resolve_device
 from p2p_diloco.core.inner import evaluate
 from p2p_diloco.core.model import build_model
+from p2p_diloco.errors import JoinStopped
 from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.peers.distributed import IntraIsland, RankFollower
 from p2p_diloco.peers.island import SwarmIsland
@@ -107,7 +108,7 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
             island = SwarmIsland(model, trainer.optimizer, diloco=diloco, network=network, discovery=discovery,
                                  island=cfg, eval_fn=lambda: evaluate(model, evals, train_cfg.precision),
                                  probe_fn=lambda: evaluate(model, probes, train_cfg.precision),
-                                 extra_state=trainer, group=group, link=link)
+                                 extra_state=trainer, group=group, link=link, stopped=lambda: stop.signum is not None)
             seed = int.from_bytes(hashlib.sha256(island.peer_id.encode()).digest()[:4], "little")
             seed = seed if group is None else group.share(seed)
             if on_island is not None:
@@ -125,6 +126,8 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
         if summary and not cfg.quiet:  # (rank 0 of a torchrun island; the others have none)
             summary_line(summary)
         return stop.exit_code, summary
+    except JoinStopped:  # a signal while it waited for a bootstrap node: nothing to save or tell
+        return stop.exit_code, {}
     finally:
         if isinstance(island, SwarmIsland):  # idempotent; covers a failure before `with` too
             island.close()

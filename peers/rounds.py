@@ -119,19 +119,36 @@ class Rounds:
         self._last_mix: tuple[str | None, int] = (None, 0)
         """The partner of the last mix, and the rounds finished then."""
         self._clipped = 0
+        self.training_from: float | None = None
+        """Monotonic time of the first round's start: `max_seconds` counts from there."""
 
-    def begin(self, last_compute_s: float) -> Round:
-        """A new round, now (`last_compute_s`: the inner-step time of the previous one)."""
+    def begin(self, last_compute_s: float, training_from: float | None = None) -> Round:
+        """A new round, now (`last_compute_s`: the inner-step time of the previous one; `training_from`:
+        given for the first round, when the time budget starts)."""
         self.rnd = Round.begin(self.cfg.same_version_wait, last_compute_s)
+        self.training_from = self.training_from if training_from is None else training_from
         return self.rnd
+
+    def time_spent(self) -> bool:
+        """`max_seconds` of training have passed."""
+        limit, since = self.cfg.max_seconds, self.training_from
+        return limit is not None and since is not None and time.monotonic() - since >= limit
+
+    def budget_spent(self, rounds: int, own_tokens: int) -> bool:
+        """The island's budget (rounds, tokens, seconds) is spent, or it was asked to stop."""
+        c = self.cfg
+        return bool(self.stopped() or self.time_spent()
+                    or (c.max_rounds is not None and rounds >= c.max_rounds)
+                    or (c.max_tokens is not None and own_tokens >= c.max_tokens))
 
     def tokens_per_s(self) -> float:
         return self.rnd.tokens / max(self.rnd.compute_s, 1e-6)
 
     def over(self, own_tokens: int) -> bool:
-        """H steps (stretched while most others are behind), the time or token budget, or a stop."""
+        """H steps (stretched while most others are behind), the time or token budget, or a stop: the
+        budget ends the round at the first step past it, not at the round's end."""
         rnd, steps, H = self.rnd, self.outer.round_steps, self.diloco.local_steps
-        if self.stopped() or steps >= H + int(self.cfg.max_stretch * H):
+        if self.stopped() or self.time_spent() or steps >= H + int(self.cfg.max_stretch * H):
             return True
         if self.cfg.max_tokens is not None and own_tokens + rnd.tokens >= self.cfg.max_tokens:
             return True

@@ -10,7 +10,7 @@ import threading
 
 import click
 
-from p2p_diloco.cli.options import secret_options, swarm_secret
+from p2p_diloco.cli.options import secret_options, swarm_secret, user_errors
 from p2p_diloco.config import DISCOVERY_KINDS, DiscoveryConfig, NetworkConfig
 from p2p_diloco.errors import P2PDiLoCoError
 
@@ -39,7 +39,7 @@ def bootstrap(host, port, identity, addr_file, rendezvous_port, announce_host, d
 
     if logging.getLogger().level > logging.INFO:
         logging.getLogger().setLevel(logging.INFO)  # the join/leave log is what a bootstrap node is watched for
-    try:
+    with user_errors():  # a bad setting exits 2, like any usage error
         secret = swarm_secret(kw)
         if secret and not relay:
             raise click.UsageError("--secret/--secret-file is used only by --relay (the node never needs it)")
@@ -47,8 +47,6 @@ def bootstrap(host, port, identity, addr_file, rendezvous_port, announce_host, d
         node = BootstrapNode(host=host, port=port, identity=identity, rendezvous_port=rendezvous_port,
                              discovery=discovery, announce_host=announce_host, relay=relay_cfg, relay_port=relay_port,
                              relay_secret=secret)
-    except P2PDiLoCoError as e:
-        raise click.ClickException(str(e)) from e
     stop, received = threading.Event(), []
     owner = os.getpid()
 

@@ -49,10 +49,45 @@ def load_toml(path: str) -> dict[str, dict]:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from e
 
 
-def _unknown(what: str, name: str, known: list[str]) -> ConfigError:
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(sorted(known))}"
+LIST_AT_MOST = 15
+"""An unknown name with no close match lists the known ones when there are at most this many."""
+
+
+def _unknown(what: str, name: str, known: list[str], elsewhere: dict[str, str] | None = None) -> ConfigError:
+    """`name` is not one of `known`: the same name in another table (`elsewhere`: names of other
+    tables, shown as their value, `[train] warmup_steps`), else the closest of both, else the short
+    list or where to look."""
+    shown = {**(elsewhere or {}), **{k: repr(k) for k in known}}
+    if close := [name] if elsewhere and name in elsewhere else _closest(name, list(shown)):
+        hint = f"did you mean {' or '.join(shown[c] for c in close)}?"
+    elif len(known) <= LIST_AT_MOST:
+        hint = f"known: {', '.join(sorted(known))}"
+    else:
+        hint = f"none of the {len(known)} known names is close (the command's --help lists them)"
     return ConfigError(f"{what} {name!r} is unknown; {hint}")
+
+
+def _closest(name: str, known: list[str]) -> list[str]:
+    """The one of `known` closest to `name` in spelling (`-`, `_` and `.` alike, brackets aside), else
+    at most two that share its longest word of three letters or more (`warmup` in `lr_warmup` and
+    `warmup_steps`)."""
+    def norm(s: str) -> str:
+        return s.lower().strip("[]").replace("-", "_").replace(".", "_")
+
+    by_norm = {norm(k): k for k in known}
+    if close := difflib.get_close_matches(norm(name), list(by_norm), n=1):
+        return [by_norm[close[0]]]
+    for word in sorted((w for w in norm(name).split("_") if len(w) >= 3), key=len, reverse=True):
+        sharing = [k for n, k in by_norm.items() if word in n.split("_")]
+        if sharing:
+            return sharing[:2]
+    return []
+
+
+def _fields_elsewhere(but: str | None = None) -> dict[str, str]:
+    """Every config section's field (but those of section `but`), for `_unknown`'s `elsewhere`."""
+    return {f.name: f"[{section}] {f.name}" for section, kind in SECTIONS.items() if section != but
+            for f in dataclasses.fields(kind)}
 
 
 def sections(tables: dict) -> tuple[dict, dict[str, dict]]:
@@ -67,7 +102,7 @@ def sections(tables: dict) -> tuple[dict, dict[str, dict]]:
         fields = [f.name for f in dataclasses.fields(SECTIONS[name])]
         for key in table:
             if key not in fields:
-                raise _unknown(f"[{name}] field", key, fields)
+                raise _unknown(f"[{name}] field", key, fields, _fields_elsewhere(but=name))
         found[name] = dict(table)
     return commands, found
 
@@ -113,8 +148,8 @@ def command_defaults(group: click.Group, tables: dict, where: str = "") -> dict:
         names |= {o[2:].replace("-", "_"): p.name for p in cmd.params for o in p.opts if o.startswith("--")}
         for k in table:
             if k.replace("-", "_") not in names:
-                raise _unknown(f"[{section}] option", k, sorted(o[2:] for p in cmd.params for o in p.opts
-                                                                 if o.startswith("--")))
+                known = sorted(o[2:] for p in cmd.params for o in p.opts if o.startswith("--"))
+                raise _unknown(f"[{section}] option", k, known, _fields_elsewhere() if name in SECTION_COMMANDS else None)
         out[name] = {names[k.replace("-", "_")]: v for k, v in table.items()}
     return out
 

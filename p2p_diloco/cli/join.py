@@ -26,7 +26,7 @@ from p2p_diloco.config import (
 I = IslandConfig
 JOIN_GROUPS = {
     "The swarm": ("bootstrap", "run_id", "secret", "secret_file", "discovery", "host", "announce_host", "port",
-                  "reach", "wait_for"),
+                  "reach", "wait_for", "join_timeout"),
     "Model and data": ("model_size", "data", "vocab_size", "batch_size", "lr", "device", "precision"),
     "Training": ("local_steps", "momentum", "exchange", "update_codec", "max_tokens", "max_rounds", "max_seconds",
                  "run_dir", "resume"),
@@ -68,6 +68,10 @@ def _config_file_only(f):
 @click.option("--wait-for", type=click.IntRange(min=1), default=I.wait_for, show_default=True,
               help=f"Before the first round, wait (up to {I.join_timeout_s:g} s) until this many islands, this one "
                    "included, are in the run.")
+@click.option("--join-timeout", type=click.FloatRange(min=0, min_open=True), default=DiscoveryConfig.join_timeout,
+              metavar="SECONDS", help="Give up (exit 1) when no bootstrap node answered within this long. Without it "
+                                      "an island keeps trying, with growing pauses, until one answers (or "
+                                      "--max-seconds pass).")
 @click.option("--host", default=DiscoveryConfig.host, show_default=True, help="Address the state exchange, DHT and peer exchange listen on.")
 @click.option("--announce", "announce_host", default=DiscoveryConfig.announce_host,
               help="Address others should dial (when --host is not reachable as such).")
@@ -107,7 +111,7 @@ def run_join(kw: dict, **faults) -> None:
         # one swarm secret seals discovery records and keys the state exchange (docs/SECURITY.md)
         discovery = discovery_config(kw.pop("bootstrap"), kw.pop("run_id"), kw.pop("discovery"),
                                      host=kw["host"], announce_host=kw["announce_host"], secret=swarm_secret(kw),
-                                     outbound_only=kw["reach"] == "outbound")
+                                     outbound_only=kw["reach"] == "outbound", join_timeout=kw.pop("join_timeout"))
         data, vocab_size, as_json = kw.pop("data"), kw.pop("vocab_size"), kw.pop("as_json")
         model, train, diloco = build_configs(kw)
         island = IslandConfig(run_dir=Path(kw["run_dir"]), port=kw["port"], reach=kw["reach"], max_tokens=kw["max_tokens"],

@@ -26,7 +26,7 @@ from p2p_diloco.config import (
     CODECS, DEVICE_RE, DEVICES_HELP, DISCOVERY_KINDS, EXCHANGES, MODEL_PRESETS, MOMENTUM_MODES, PRECISIONS,
     UPDATE_CODECS, DiLoCoConfig, DiscoveryConfig, ModelConfig, NetworkConfig, TrainConfig
 )
-from p2p_diloco.errors import ConfigError, DeviceError, P2PDiLoCoError
+from p2p_diloco.errors import ConfigError, DataError, DeviceError, P2PDiLoCoError
 
 D, M, N, T = DiLoCoConfig, ModelConfig, NetworkConfig, TrainConfig
 
@@ -46,8 +46,8 @@ def csv(kind: type) -> Callable:
 
 
 class BadSetting(click.ClickException):
-    """A setting this machine cannot run or a config value out of range: one line, exit code 2 like any
-    bad option value."""
+    """A setting this machine cannot run, a config value out of range or data that cannot be read: one
+    line, exit code 2 like any bad option value."""
 
     exit_code = 2
 
@@ -55,10 +55,11 @@ class BadSetting(click.ClickException):
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
     """The project's own errors become readable click errors (no traceback): exit code 2 for a bad
-    setting (an unusable device, a config value out of range), 1 for the rest."""
+    setting (an unusable device, a config value out of range, data that cannot be read), 1 for the
+    rest (failures at run time)."""
     try:
         yield
-    except (DeviceError, ConfigError) as e:
+    except (DeviceError, ConfigError, DataError) as e:
         raise BadSetting(str(e)) from e
     except P2PDiLoCoError as e:
         raise click.ClickException(str(e)) from e

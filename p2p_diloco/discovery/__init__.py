@@ -13,8 +13,9 @@ import the interface (`membership`, `records`), never this factory.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from p2p_diloco.addresses import dht_multiaddrs
 from p2p_diloco.errors import DiscoveryError
@@ -41,14 +42,31 @@ def choose_backend(config: DiscoveryConfig) -> str:
     return "dht" if has_multiaddr or not config.bootstrap else "zmq"
 
 
-def open_membership(config: DiscoveryConfig, *, observer: bool = False) -> Membership:
+def open_membership(config: DiscoveryConfig, *, observer: bool = False, budget_s: float | None = None,
+                    stopped: Callable[[], bool] = lambda: False) -> Membership:
     """Join (or, with `observer=True`, only watch) the run described by `config`.
 
     `config.discovery` picks the back-end: `dht`, `zmq`, or `auto` (the DHT when a multiaddr is
     given and the libp2p daemon starts, otherwise the ZeroMQ fallback, with a warning naming the
-    reason). Raises `DiscoveryError` when no bootstrap address answers within
-    `config.connect_timeout` seconds.
+    reason). An observer raises `BootstrapUnanswered` when no bootstrap address answers within
+    `config.connect_timeout` seconds; an island keeps trying (`patience.keep_trying`) for
+    `config.join_timeout` seconds, else `budget_s` (its own time budget), else until one answers
+    or `stopped()`.
     """
+    if observer or not config.bootstrap:
+        return _open(config, observer)
+    from p2p_diloco.discovery.patience import keep_trying
+
+    def attempt(time_left: float | None) -> Membership:
+        timeout = config.connect_timeout if time_left is None else min(config.connect_timeout, time_left)
+        return _open(dataclasses.replace(config, connect_timeout=timeout), observer)
+
+    limit = config.join_timeout if config.join_timeout is not None else budget_s
+    return keep_trying(attempt, limit_s=limit, stopped=stopped)
+
+
+def _open(config: DiscoveryConfig, observer: bool) -> Membership:
+    """One attempt with the back-end `config` picks (see `open_membership`)."""
     if choose_backend(config) == "dht":
         from p2p_diloco.discovery import dht
 

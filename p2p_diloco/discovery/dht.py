@@ -47,7 +47,7 @@ from p2p_diloco.discovery import hivemind_compat as compat
 from p2p_diloco.discovery.membership import BackgroundMembership
 from p2p_diloco.discovery.records import IslandRecord, fingerprint
 from p2p_diloco.discovery.sealing import HIDDEN, RecordSeal, SealRefused, check_sealed, is_sealed
-from p2p_diloco.errors import DiscoveryError
+from p2p_diloco.errors import BootstrapUnanswered, DiscoveryError
 
 logger = logging.getLogger(__name__)
 use_hivemind_log_handler("nowhere")  # hivemind logs go to the root logger, so -v governs them too
@@ -164,11 +164,11 @@ def start_dht(*, initial_peers: list[str], host: str, port: int, timeout: float,
         dht.wait_until_ready(timeout)
     except FutureTimeout as e:
         dht.shutdown()
-        raise DiscoveryError(f"no bootstrap node answered within {timeout:g} s (tried {', '.join(initial_peers)})") from e
+        raise BootstrapUnanswered(f"no bootstrap node answered within {timeout:g} s (tried {', '.join(initial_peers)})") from e
     except (P2PDaemonError, RuntimeError, OSError) as e:
         dht.shutdown()
         if any(marker in str(e) for marker in _UNREACHABLE_MARKERS):
-            raise DiscoveryError(f"none of the bootstrap nodes answered (tried {', '.join(initial_peers)}): {e}") from e
+            raise BootstrapUnanswered(f"none of the bootstrap nodes answered (tried {', '.join(initial_peers)}): {e}") from e
         raise DaemonUnavailable(f"{type(e).__name__}: {str(e).strip()[:300]}") from e
     except BaseException:  # a signal or a crash while it starts: the process must not outlive its owner
         dht.shutdown()

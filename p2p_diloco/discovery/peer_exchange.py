@@ -35,7 +35,7 @@ from p2p_diloco.discovery.membership import BackgroundMembership
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.discovery.sealing import RecordSeal
 from p2p_diloco.discovery.router import SOCKET_SLACK_BYTES, Origin, answer_one, bind_router
-from p2p_diloco.errors import DiscoveryError
+from p2p_diloco.errors import BootstrapUnanswered, DiscoveryError
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class ZmqMembership(BackgroundMembership):
         self._ready.wait()
         if self._bootstraps and not self._joined:
             self.shutdown()
-            raise DiscoveryError(
+            raise BootstrapUnanswered(
                 f"no rendezvous answered within {config.connect_timeout:g} s (tried {', '.join(self._bootstraps)})"
             )
         logger.info("joined run %r over ZeroMQ as %s (px %s, observer=%s)", config.run_id, self.peer_id, self.px, observer)

@@ -5,6 +5,7 @@ round schedule, checkpoint and resume of the whole island, refusals of models th
 part. Partners, mixing and fingerprints across processes are in tests/integration.
 """
 
+import dataclasses
 import time
 
 import pytest
@@ -87,6 +88,47 @@ def test_a_users_loop_runs_rounds_and_resumes_the_whole_island(tmp_path):
         buf = next(iter(opt2.state.values()))["momentum_buffer"]
         assert torch.equal(buf, next(iter(opt.state.values()))["momentum_buffer"])
         assert torch.equal(model2.embed.weight, model.embed.weight)  # frozen weights are checkpointed too
+
+
+@dataclasses.dataclass
+class Output:
+    """What a Hugging Face model returns, as far as `step()` reads it: an object with a `.loss`."""
+
+    loss: torch.Tensor | None
+    logits: torch.Tensor
+
+
+def test_step_reads_a_loss_from_a_float_a_tensor_or_a_models_output_and_names_anything_else(tmp_path):
+    model = Tiny()
+    opt = torch.optim.SGD(model.head.parameters(), lr=0.1)
+    with lone_island(tmp_path, model, opt) as island:
+        for given, read in ((2.5, 2.5), (torch.tensor(1.25), 1.25), (torch.tensor([0.5]), 0.5),
+                            (Output(loss=torch.tensor(0.75, requires_grad=True), logits=torch.zeros(2, 3)), 0.75)):
+            island.step(loss=given)
+            assert island.figures()["loss"] == read
+        for given, named in ((torch.ones(3), r"got a tensor of shape \(3,\)"), ("0.5", "got str"),
+                             (Output(loss=None, logits=torch.zeros(2)), r"got a Output whose \.loss is None")):
+            with pytest.raises(TypeError, match=r"step\(loss=...\) .*" + named):
+                island.step(loss=given)
+        assert island.figures()["loss"] == 0.75  # a refused loss changes nothing
+
+
+def test_a_time_budget_ends_the_round_at_the_first_step_past_it(tmp_path):
+    """`max_seconds` stops the island within about one inner step, in the middle of a long round."""
+    model = Tiny()
+    opt = torch.optim.SGD(model.head.parameters(), lr=0.1)
+    step_s, budget = 0.05, 0.6
+    cfg = IslandConfig(run_dir=tmp_path, quiet=True, join_timeout_s=0.2, max_seconds=budget)
+    with p2p_diloco.join(model, opt, discovery=DiscoveryConfig(discovery="zmq"), island=cfg,
+                         diloco=DiLoCoConfig(local_steps=1000, final_mix=False)) as island:
+        t0, steps = time.monotonic(), 0
+        while not island.done:
+            time.sleep(step_s)  # an inner step
+            island.step(loss=1.0)
+            steps += 1
+        elapsed = time.monotonic() - t0
+    assert island.round == 1 and steps <= budget / step_s + 1  # the step that passed the budget is the last
+    assert budget <= elapsed <= budget + 0.5, elapsed  # (the round's end: publish, announce, metrics)
 
 
 def test_a_checkpoint_of_another_model_is_refused(tmp_path):

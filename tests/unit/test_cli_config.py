@@ -31,6 +31,11 @@ def resolved(config: str, path: list[str], args: list[str] = ()) -> dict:
     ("[simulate]\nlocal-stepz = 3\n", "[simulate] option 'local-stepz' is unknown; did you mean 'local-steps'?"),
     ("[bench.swarm]\nislandz = 3\n", "[bench.swarm] option 'islandz' is unknown; did you mean 'islands'?"),
     ("[diloco]\nlocal_step = 3\n", "[diloco] field 'local_step' is unknown; did you mean 'local_steps'?"),
+    ("[island]\njoin_timeout = 3\n", "[island] field 'join_timeout' is unknown; did you mean [discovery] join_timeout?"),
+    ("[join]\nlr_warmup = 3\n", "[join] option 'lr_warmup' is unknown; did you mean [train] warmup_steps?"),
+    ("[join]\ntotal_step = 3\n", "[join] option 'total_step' is unknown; did you mean [train] total_steps?"),
+    ("[join]\nzzz = 3\n", "[join] option 'zzz' is unknown; none of the"),
+    ("[foo]\nx = 3\n", "table '[foo]' is unknown; known: [bench], [bootstrap], [dashboard]"),
     ("diloco = 1\n", "diloco must be a table ([diloco]) of DiLoCoConfig fields"),
     ("[simulate\n", "is not valid TOML"),
 ])
@@ -171,3 +176,20 @@ def test_a_flag_join_does_not_take_names_its_config_table(flag, section, field):
     field = field or flag[2:].replace("-", "_")
     assert r.exit_code == 2 and f"set {field} in its [{section}] table" in r.output, r.output
     assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["bootstrap", "--identity", "id.key", "--port", "70000"], "port must be in [0, 65534], got 70000"),
+    (["bootstrap", "--identity", "no-such-dir/id.key"], "the directory of the identity file"),
+    (["bootstrap", "--identity", "id.key", "--relay", "--discovery", "dht"], "--relay needs the rendezvous"),
+    (["bootstrap", "--identity", "id.key", "--relay", "--relay-upload-mbps", "-1"], "network.max_upload_mbps must be"),
+    (["join", "--join-timeout", "0"], "Invalid value for '--join-timeout'"),
+    (["join", "--data", "no-such-file.txt"], "data path no-such-file.txt does not exist"),
+    (["status", "--bootstrap", "tcp://127.0.0.1:9", "--timeout", "0"], "discovery.connect_timeout must be in (0, 600]"),
+])
+def test_usage_and_config_errors_exit_2_in_every_command(tmp_path, monkeypatch, args, message):
+    """One exit code for a bad setting, whoever checks it (click, a config's own checks, the bootstrap
+    node): 2; 1 is left to failures at run time (README, "Exit codes")."""
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output, r.output
