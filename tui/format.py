@@ -9,13 +9,6 @@ from __future__ import annotations
 
 import time
 
-SHORT_ID = 8
-"""Characters of a peer id shown in tables (80-bit ids never collide in a swarm that size)."""
-
-
-def short_id(peer_id: str | None) -> str:
-    return "-" if not peer_id else peer_id[:SHORT_ID]
-
 
 def address(endpoint: str) -> str:
     """`tcp://host:port` -> `host:port`."""
