@@ -33,7 +33,7 @@ from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.core.params import weights_digest
 from p2p_diloco.core.public import PublicCopies, PublicCopy
 from p2p_diloco.discovery.records import IslandRecord
-from p2p_diloco.errors import BadPayload, CodecError, FetchCancelled, TransportError
+from p2p_diloco.errors import BadPayload, CodecError, FetchCancelled, ForeignState, TransportError
 from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.peers.plausibility import Measured
 
@@ -298,7 +298,7 @@ def partner_state(snap, expected_numel: int, model: str = "", run: str = "", pub
     for key, ours, what in (("model", model, "another model (fingerprint"), ("run", run, "another run (initial weights")):
         theirs = str(meta.get(key, ""))
         if ours and theirs and theirs != ours:
-            raise TransportError(f"snapshot from {snap.endpoint} is for {what} {theirs[:16]}, this island's {ours})")
+            raise ForeignState(f"snapshot from {snap.endpoint} is for {what} {theirs[:16]}, this island's {ours})", key)
     if public is not None:
         if public.pub.numel() != expected_numel or own_public is None:
             raise TransportError(f"the public state of {snap.endpoint} does not fit this model ({public.pub.numel()} "

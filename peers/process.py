@@ -26,7 +26,6 @@ from p2p_diloco.core.model import build_model
 from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.peers.distributed import IntraIsland, RankFollower
 from p2p_diloco.peers.island import SwarmIsland
-from p2p_diloco.peers.metrics import summary_line
 from p2p_diloco.peers.runner import Trainer, train
 from p2p_diloco.terminal import leave_terminal
 
@@ -115,10 +114,7 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
         by_time = bool(cfg.max_seconds and not (cfg.max_tokens or cfg.max_rounds))
         with island:
             train(island, trainer, cfg.max_seconds, size_by_time=by_time)
-        summary = island.close()
-        if summary and not cfg.quiet:  # (rank 0 of a torchrun island; the others have none)
-            summary_line(summary)
-        return stop.exit_code, summary
+        return stop.exit_code, island.close()  # (its summary line: `SwarmIsland.close`)
     finally:
         if isinstance(island, SwarmIsland):  # idempotent; covers a failure before `with` too
             island.close()

@@ -95,6 +95,16 @@ class StateSource:
         self.identity, self.outer, self.membership, self.stopped = identity, outer, membership, stopped
         self.network, self.secret = network, secret
 
+    def wait_for(self, count: int, timeout: float) -> bool:
+        """Wait until discovery shows `count` islands, this one included (at most `timeout` s, or
+        until the island is stopped); True if it did."""
+        deadline = time.monotonic() + timeout
+        while len(self.membership.members()) < count:
+            if self.stopped() or time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
     def freshest(self) -> list[IslandRecord]:
         """The members ahead of this island (same model), freshest first."""
         me, v = self.identity, self.outer.state.version

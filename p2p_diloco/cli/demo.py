@@ -55,16 +55,20 @@ def demo(islands, minutes, latency_ms, bandwidth_mbps, compare, workdir, as_json
     from rich.table import Table
 
     table = Table(title=f"{islands} islands, {minutes:g} minutes each")
-    for col in ("island", "loss at start", "eval loss", "tokens", "version", "mixes", "failed fetches", "utilization"):
+    for col in ("island", "loss at start", "eval loss", "tokens", "version", "mixes", "refused", "failed fetches",
+                "utilization"):
         table.add_column(col, justify="right")
     for r in summary["islands"]:
         table.add_row(r["id"], f"{r['initial_loss']:.3f}", f"{r['eval_loss']:.3f}", f"{r['tokens']:,}", str(r["version"]),
-                      str(r["mixes"]), str(r["failed_fetches"]), f"{r['utilization']:.3f}")
+                      str(r["mixes"]), str(r["refused"]), str(r["failed_fetches"]), f"{r['utilization']:.3f}")
     console = Console()
     console.print(table)
     for r in summary["islands"]:
         if r["alone"]:
             console.print(f"{r['id']} trained alone at the end: {r['alone']}", style="bold yellow", markup=False)
+        elif r["alone_episodes"]:
+            console.print(f"{r['id']} trained alone {r['alone_episodes']} time(s) for a while (its log says why)",
+                          style="yellow", markup=False)
     if summary["baseline_eval_loss"] is not None:
         console.print(f"data-parallel baseline at the same tokens: eval loss {summary['baseline_eval_loss']:.3f}")
     console.print(f"bytes moved between islands: {summary['bytes_moved'] / 1e6:.1f} MB   (logs: {summary['workdir']})")

@@ -13,7 +13,7 @@ from p2p_diloco import addresses
 from p2p_diloco.cli.watch import format_islands
 from p2p_diloco.config import DiscoveryConfig
 from p2p_diloco.discovery import choose_backend
-from p2p_diloco.discovery.records import IslandRecord, fingerprint
+from p2p_diloco.discovery.records import IslandRecord, fingerprint, island_label, label_among
 from p2p_diloco.discovery.entries import (
     MAX_MESSAGE_BYTES, Entry, MemberTable, SigningKey, answer_sync, decode, encode, pick_entries
 )
@@ -90,6 +90,24 @@ def test_format_islands_lists_every_record_by_its_label():
     auto = format_islands([record(fetches=f"updates: {why}"), record(peer_id="aaaa", fetches=f"state: {why}")], now=1.7e9)
     assert auto.splitlines()[-1] == f"01234567 fetches updates: {why}"  # why, for an island on updates only
     assert [line.split()[-3] for line in auto.splitlines()[1:3]] == ["updates", "state"]  # sorted by label
+
+
+def test_one_label_for_an_island_its_name_or_its_peer_id_prefix():
+    named, nameless = record(name="gpu box 2"), record(peer_id="fedcba9876543210fedc")
+    assert (named.label, nameless.label) == ("gpu box 2", "fedcba98")
+    assert island_label(None, PID) == island_label("", PID) == "01234567" and island_label(None, None) == "-"
+    members = {r.peer_id: r for r in (named, nameless)}
+    assert [label_among(members, p) for p in (PID, "fedcba9876543210fedc", "aaaabbbbccccddddeeee", None)] == [
+        "gpu box 2", "fedcba98", "aaaabbbb", "-"]  # an island not (or no longer) listed: its prefix
+
+
+def test_an_island_name_is_checked_once_at_load():
+    from p2p_diloco.config import IslandConfig
+
+    assert IslandConfig(name="island-3").name == "island-3"
+    for bad in ("", "x" * 33, "two\nlines", "caf\u00e9", " padded", 7):
+        with pytest.raises(ConfigError, match="island.name"):
+            IslandConfig(name=bad)
 
 
 def test_bootstrap_addresses_parse_and_derive_the_rendezvous():
