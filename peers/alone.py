@@ -29,7 +29,8 @@ from p2p_diloco.discovery.records import MAX_ALONE_CHARS
 log = logging.getLogger(__name__)
 NO_BOOTSTRAP = ("no bootstrap: started without a bootstrap address (`join --bootstrap`, `bootstrap=` of the API), "
                 "so no other island can find this one; give every island of the run the same one")
-SEED_HINT = "their initial weights differ from this island's: build the model after the same torch.manual_seed on every island"
+SEED_HINT = ("their initial weights differ from this island's: seed the model the same on every island, "
+             "torch.manual_seed before building it, [train] seed for join")
 ALONE_ROUNDS = 10
 """Rounds without a mix, while other members train, after which an island says it trains alone
 (with the default `max_staleness` of 8, a state fetched that long ago no longer counts)."""

@@ -10,6 +10,15 @@ from __future__ import annotations
 import time
 
 
+LABEL_CELL = 10
+"""Characters of an island's label the peers table and the loss legend show (the detail view shows all)."""
+
+
+def label_cell(label: str, width: int = LABEL_CELL) -> str:
+    """An island's label cut to `width` characters, the cut marked with `…`."""
+    return label if len(label) <= width else label[: width - 1] + "…"
+
+
 def address(endpoint: str) -> str:
     """`tcp://host:port` -> `host:port`."""
     return endpoint.removeprefix("tcp://")
