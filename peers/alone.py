@@ -11,10 +11,11 @@ it, with one line more.
 Its reasons, first match first:
 - `another run's weights`: partners' states were refused as another run's (islands whose initial
   weights differ: a model built without the same seed), or `another model`;
-- `every partner refused`: every state that arrived was refused (implausible, non-finite, ...);
 - `nobody reachable`: no fetch could even start (an outbound-only island with no reachable member
   and no relay, or members nobody can fetch from);
-- else what the link measured, the states too stale, the fetches that failed.
+- `every partner refused`: every state that arrived was refused (implausible, non-finite, ...),
+  unless the link is too slow for a state in a round: states that arrive that late are far off;
+- else what the link measured, the states too stale or refused, the fetches that failed.
 The first three are certain after `SURE_ROUNDS` rounds; the others take `ALONE_ROUNDS`. An island
 started without a bootstrap address says at once that it trains alone (`no bootstrap`).
 """
@@ -152,15 +153,16 @@ class AloneWatch:
             if foreign := [p for p, k in self.foreign.items() if k == kind]:
                 return (f"{what}: the states of {', '.join(foreign)} were refused as another {kind}'s ({hint}); "
                         f"nothing mixed in {self.unmixed_rounds} rounds {while_}")
-        if self.refusals:
-            last = list(self.refusals.values())[-1][:100]
-            return (f"every partner refused: the states of {', '.join(self.refusals)} were refused, nothing mixed in "
-                    f"{self.unmixed_rounds} rounds {while_} (last: {last})")
         if self.idle_rounds == self.unmixed_rounds:
             where = ("this island is outbound-only (nobody can dial it), no member it could dial trains, and no "
                      "relay serves the others (`p2p-diloco bootstrap --relay`)" if self.outbound and not self.relay else
                      "none could be fetched from (outbound-only without a relay, another model, or too far behind)")
             return f"nobody reachable: no exchange in {self.unmixed_rounds} rounds {while_}; {where}"
+        last = list(self.refusals.values())[-1][:100] if self.refusals else ""
+        slow = bool(link.rate_bps) and link.state_bytes / link.rate_bps > link.round_s
+        if self.refusals and not slow:  # (on a slow link, states refused as far off are the link's doing)
+            return (f"every partner refused: the states of {', '.join(self.refusals)} were refused, nothing mixed in "
+                    f"{self.unmixed_rounds} rounds {while_} (last: {last})")
         parts = [f"no partner state mixed in {self.unmixed_rounds} rounds {while_}"]
         if link.rate_bps:
             fetch_s = link.state_bytes / link.rate_bps
@@ -173,6 +175,8 @@ class AloneWatch:
             parts.append(f"{self.too_stale} arrived too stale (up to {self.worst_lag} versions, bound {max_staleness})")
         if self.failed:
             parts.append(f"{self.failed} fetches failed (last: {(self.last_error or '')[:80]})")
+        if self.refusals:
+            parts.append(f"states of {', '.join(self.refusals)} refused (last: {last[:80]})")
         if link.running_s > link.round_s:
             parts.append(f"a fetch has run for {link.running_s:.0f} s")
         if not (link.rate_bps or link.running_s or self.failed or self.too_stale):

@@ -129,3 +129,11 @@ def test_an_island_without_a_bootstrap_address_says_at_once_it_trains_alone(capl
     assert rounds_until_said(watch, others=0) == [] and watch.reason.startswith("no bootstrap")  # said once, kept
     watch.mixed()  # an island that found it anyway ends it
     assert watch.reason is None
+
+
+def test_on_a_link_too_slow_for_a_state_refusals_are_the_links_doing():
+    watch = AloneWatch("z", rounds=1, min_s=0.0)
+    watch.refused("p", "implausible size: its weights' norm is 0.426 x this island's")
+    why = watch.end_round(others=1, link=SLOW, max_staleness=8, now=0.0)
+    assert why.startswith("no partner state mixed in 1 rounds while 1 other train; 0.50 Mbit/s measured")
+    assert why.endswith("states of p refused (last: implausible size: its weights' norm is 0.426 x this island's)")
