@@ -118,7 +118,8 @@ class PartnerChecks:
         most of the freshest members agree on (`adopt_caught_up`)."""
         if self.catch_up is None:
             log.warning("%s is at version %d, %s at %d: catching up from the freshest members",
-                        self.identity.name, self.outer.state.version, peer_id[:8], version)
+                        self.identity.name, self.outer.state.version,
+                        label_among(self.source.membership.members(), peer_id), version)
             self.catch_up = CatchUp(self.source)
 
     def adopt_caught_up(self) -> int | None:

@@ -147,12 +147,12 @@ class GossipWorker:
             return
         except TransportError as e:
             self._running = None
-            log.info("exchange with %s at %s failed: %s", partner.peer_id[:8], partner.endpoint, e)
+            log.info("exchange with %s at %s failed: %s", partner.label, partner.endpoint, e)
             result = FetchResult(partner.peer_id, None, f"{type(e).__name__}: {e}", time.monotonic() - started, 0,
                                  bad_state=isinstance(e, BadPayload), cancelled=isinstance(e, FetchCancelled))
         except Exception as e:  # a bug must not kill the island; it costs this exchange and is logged loudly
             self._running = None
-            log.exception("fetch from %s crashed", partner.peer_id[:8])
+            log.exception("fetch from %s crashed", partner.label)
             if handed:
                 return
             result = FetchResult(partner.peer_id, None, f"{type(e).__name__}: {e}", time.monotonic() - started, 0)

@@ -127,7 +127,7 @@ class StateSource:
                 state = partner_state(snap, self.outer.state.phi.numel(), self.identity.model, self.identity.run)
                 states.append(Downloaded(rec, state, snap.wire_bytes, snap.seconds))
             except TransportError as e:
-                log.info("could not download the state of %s: %s; trying another member", rec.peer_id[:8], e)
+                log.info("could not download the state of %s: %s; trying another member", rec.label, e)
         return states
 
     def adopt(self, states: list[Downloaded], started: bool) -> int:
@@ -140,7 +140,7 @@ class StateSource:
             return 0
         best = _most_central(states, self.outer.state.phi)
         self.outer.adopt(best.state)
-        log.info("joined from %s at version %d (%d bytes in %.1f s; %d states compared)", best.record.peer_id[:8],
+        log.info("joined from %s at version %d (%d bytes in %.1f s; %d states compared)", best.record.label,
                  best.state.version, best.wire_bytes, best.seconds, len(states))
         return sum(d.wire_bytes for d in states)
 
@@ -192,5 +192,5 @@ def _most_central(states: list[Downloaded], initial: torch.Tensor) -> Downloaded
     best = min(range(len(states)), key=score)
     for j, d in enumerate(states):
         if j != best and far[best][j] > START_BOUND:
-            log.warning("joining: the state of %s is far from the other members'; not adopting it", d.record.peer_id[:8])
+            log.warning("joining: the state of %s is far from the other members'; not adopting it", d.record.label)
     return states[best]
