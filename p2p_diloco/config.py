@@ -184,6 +184,14 @@ class DiLoCoConfig:
 
 
 _RUN_ID_RE = r"^[A-Za-z0-9_-]{1,64}$"
+MAX_NAME_CHARS = 32
+"""The longest island name (`IslandConfig.name`, the `name` of its discovery record)."""
+
+
+def valid_name(name: object) -> bool:
+    """An island name: 1 to `MAX_NAME_CHARS` printable ASCII characters, not starting or ending with a space."""
+    return (isinstance(name, str) and 0 < len(name) <= MAX_NAME_CHARS and name.isascii() and name.isprintable()
+            and name == name.strip())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -355,7 +363,8 @@ class IslandConfig:
     """Before its first round, wait until this many islands (this one included) are in the run: islands
     launched together then start their rounds together instead of seconds apart."""
     name: str | None = None
-    """Label for logs and the progress line (default: the peer id's prefix)."""
+    """The island's name in logs, progress lines, its discovery record, `status` and the dashboard
+    (default: its peer id's first 8 characters): at most `MAX_NAME_CHARS` printable ASCII characters."""
     quiet: bool = False
     """No progress lines on stderr."""
 
@@ -371,6 +380,8 @@ class IslandConfig:
                      "> 0" + (" or unset" if name.startswith("max_") else ""), v)
         _require(0 <= self.port <= 65535, s, "port", "in [0, 65535]", self.port)
         _require(self.reach in REACH_MODES, s, "reach", f"one of {REACH_MODES}", self.reach)
+        _require(self.name is None or valid_name(self.name), s, "name",
+                 f"unset or 1-{MAX_NAME_CHARS} printable ASCII characters (no space at either end)", self.name)
         _require(0.0 <= self.same_version_wait <= 1.0 and 0.0 <= self.max_stretch <= 1.0, s,
                  "same_version_wait/max_stretch", "in [0, 1]", (self.same_version_wait, self.max_stretch))
 

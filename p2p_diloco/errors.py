@@ -38,6 +38,15 @@ class TransportError(P2PDiLoCoError):
     """Moving state between islands failed (socket error, timeout, bad peer)."""
 
 
+class ForeignState(TransportError):
+    """A partner's state is of another model or of another run of it (other initial weights)."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        """`model` or `run`."""
+
+
 class ProtocolError(TransportError):
     """A message broke the wire protocol (malformed, oversized, wrong version, bad payload)."""
 

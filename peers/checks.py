@@ -23,7 +23,8 @@ from dataclasses import replace
 
 from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.outer import PartnerState
-from p2p_diloco.errors import TransportError
+from p2p_diloco.discovery.records import label_among
+from p2p_diloco.errors import ForeignState, TransportError
 from p2p_diloco.peers.gossip import FetchResult, partner_state
 from p2p_diloco.peers.identity import Identity
 from p2p_diloco.peers.partners import PartnerChooser
@@ -72,6 +73,8 @@ class PartnerChecks:
                                   public=result.public, own_public=self.publisher.public, anchor=anchor)
         except TransportError as e:  # another model or run: it never changes, so never again
             self.chooser.exclude(result.peer_id)
+            if isinstance(e, ForeignState):
+                info["foreign"] = e.kind
             return self.refuse(result.peer_id, str(e), info)
         measured, d = result.measured, self.outer.progress()  # (a pass over the weights before the first outer step)
         why = self.judge(state, measured, d)
@@ -117,7 +120,7 @@ class PartnerChecks:
         self.refused += 1
         self.last_refused = peer_id
         aside = self.chooser.refused(peer_id)
-        log.warning("refused the state of %s: %s%s", peer_id[:8], why,
+        log.warning("refused the state of %s: %s%s", label_among(self.source.membership.members(), peer_id), why,
                     "" if aside is None else f"; not choosing it for {aside:.0f} s")
         info["refused"] = why
         return None, info
@@ -129,7 +132,8 @@ class PartnerChecks:
         most of the freshest members agree on (`adopt_caught_up`)."""
         if self.catch_up is None:
             log.warning("%s is at version %d, %s at %d: catching up from the freshest members",
-                        self.identity.name, self.outer.state.version, peer_id[:8], version)
+                        self.identity.name, self.outer.state.version,
+                        label_among(self.source.membership.members(), peer_id), version)
             self.catch_up = CatchUp(self.source)
 
     def adopt_caught_up(self) -> int | None:

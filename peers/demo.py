@@ -240,8 +240,9 @@ def run_demo(cfg: DemoConfig) -> dict:
     """Run the demo swarm to completion and return the summary (see `p2p-diloco demo --help`)."""
     workdir, names, summaries = run_swarm(cfg)
     out = {"islands": [{"id": s["name"], "peer_id": s["peer_id"], "initial_loss": s["initial_loss"], "eval_loss": s["eval_loss"],
-                        "tokens": s["tokens"], "version": s["version"], "mixes": s["mixes"],
+                        "tokens": s["tokens"], "version": s["version"], "mixes": s["mixes"], "refused": s["refused"],
                         "failed_fetches": s["failed_fetches"], "too_stale": s["too_stale"], "alone": s["alone"],
+                        "alone_episodes": s["alone_episodes"],
                         "utilization": s["utilization"]} for s in summaries],
            "baseline_eval_loss": None, "bytes_moved": sum(s["bytes_in"] for s in summaries), "sample": "",
            "workdir": str(workdir)}

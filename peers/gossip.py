@@ -33,7 +33,7 @@ from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.core.params import weights_digest
 from p2p_diloco.core.public import PublicCopies, PublicCopy
 from p2p_diloco.discovery.records import IslandRecord
-from p2p_diloco.errors import BadPayload, CodecError, FetchCancelled, TransportError
+from p2p_diloco.errors import BadPayload, CodecError, FetchCancelled, ForeignState, TransportError
 from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.peers.plausibility import Measured
 
@@ -147,12 +147,12 @@ class GossipWorker:
             return
         except TransportError as e:
             self._running = None
-            log.info("exchange with %s at %s failed: %s", partner.peer_id[:8], partner.endpoint, e)
+            log.info("exchange with %s at %s failed: %s", partner.label, partner.endpoint, e)
             result = FetchResult(partner.peer_id, None, f"{type(e).__name__}: {e}", time.monotonic() - started, 0,
                                  bad_state=isinstance(e, BadPayload), cancelled=isinstance(e, FetchCancelled))
         except Exception as e:  # a bug must not kill the island; it costs this exchange and is logged loudly
             self._running = None
-            log.exception("fetch from %s crashed", partner.peer_id[:8])
+            log.exception("fetch from %s crashed", partner.label)
             if handed:
                 return
             result = FetchResult(partner.peer_id, None, f"{type(e).__name__}: {e}", time.monotonic() - started, 0)
@@ -298,7 +298,7 @@ def partner_state(snap, expected_numel: int, model: str = "", run: str = "", pub
     for key, ours, what in (("model", model, "another model (fingerprint"), ("run", run, "another run (initial weights")):
         theirs = str(meta.get(key, ""))
         if ours and theirs and theirs != ours:
-            raise TransportError(f"snapshot from {snap.endpoint} is for {what} {theirs[:16]}, this island's {ours})")
+            raise ForeignState(f"snapshot from {snap.endpoint} is for {what} {theirs[:16]}, this island's {ours})", key)
     if public is not None:
         if public.pub.numel() != expected_numel or own_public is None:
             raise TransportError(f"the public state of {snap.endpoint} does not fit this model ({public.pub.numel()} "

@@ -34,7 +34,7 @@ from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.modes import exchange_mode
 from p2p_diloco.core.params import fingerprint, weights_digest
 from p2p_diloco.discovery import open_membership
-from p2p_diloco.discovery.records import IslandRecord
+from p2p_diloco.discovery.records import IslandRecord, island_label
 from p2p_diloco.errors import CheckpointError
 from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.peers import checkpoint
@@ -44,7 +44,7 @@ from p2p_diloco.peers.distributed import CARRY_ON, NEW_ROUND, STOP, SYNC, IntraI
 from p2p_diloco.peers.divergence import DivergenceGuard
 from p2p_diloco.peers.gossip import GossipWorker
 from p2p_diloco.peers.identity import Identity
-from p2p_diloco.peers.metrics import LinkRates, MetricsLog, progress_line
+from p2p_diloco.peers.metrics import LinkRates, MetricsLog, progress_line, summary_line
 from p2p_diloco.peers.partners import PartnerChooser
 from p2p_diloco.peers.plausibility import measure
 from p2p_diloco.peers.publishing import Publisher
@@ -96,7 +96,7 @@ class SwarmIsland:
             self.peer_id = self.membership.peer_id
             self.outer = OuterLoop(self.peer_id, model, self.diloco)
             # the initial weights name the run
-            self.identity = Identity(self.peer_id, self.cfg.name or self.peer_id[:8], fingerprint(model),
+            self.identity = Identity(self.peer_id, island_label(self.cfg.name, self.peer_id), fingerprint(model),
                                      weights_digest(self.outer.state.phi))
         except BaseException:
             self.membership.shutdown(), self.server.close(), self._run_dir.release()
@@ -115,7 +115,8 @@ class SwarmIsland:
                                       relay=self.reach.relay is not None, rng=random.Random(self.peer_id),
                                       ring=self.exchange.ring)
         self.checks = PartnerChecks(self.identity, self.outer, self.chooser, self.publisher, self.source, probe_fn)
-        self.tally, self.alone = Tally(), AloneWatch(self.identity.name)
+        self.tally, self.alone = Tally(), AloneWatch(self.name, bootstrap=bool(discovery.bootstrap),
+                                                     outbound=self.reach.mode == "outbound", relay=self.reach.relay is not None)
         self.rounds = Rounds(identity=self.identity, outer=self.outer, diloco=self.diloco, island=self.cfg,
                              network=self.network, membership=self.membership, gossip=self.gossip,
                              chooser=self.chooser, checks=self.checks, inbox=self.inbox, publisher=self.publisher,
@@ -203,7 +204,7 @@ class SwarmIsland:
         self._started = True
         self.inbox.door = Door(self.identity, self.membership.members, self.chooser.shunned,
                                self.gossip.measured)
-        if not self.wait_for_members(self.cfg.wait_for, self.cfg.join_timeout_s) and not self._stop_asked:
+        if not self.source.wait_for(self.cfg.wait_for, self.cfg.join_timeout_s) and not self._stop_asked:
             log.warning("fewer than %d islands after %.0f s; starting anyway", self.cfg.wait_for, self.cfg.join_timeout_s)
         self._t0 = self._returned_at = time.monotonic()
         self.rounds.begin(0.0, training_from=self._t0)
@@ -219,7 +220,7 @@ class SwarmIsland:
         `STALE_LAG`: a checkpoint the swarm has left that far behind would see every partner's
         state refused as too far until a catch-up landed, so it joins as a newcomer does, keeping
         its inner optimizer and data position."""
-        self.wait_for_members(2, min(DISCOVERY_SETTLE_S, self.cfg.join_timeout_s))  # who is there?
+        self.source.wait_for(2, min(DISCOVERY_SETTLE_S, self.cfg.join_timeout_s))  # who is there?
         if (others := self.source.freshest()) and others[0].version >= self.version + lead:
             self.state = "syncing"
             self.tally.bytes_in += self.source.adopt(self.source.download(others, self.cfg.join_timeout_s), bool(self.round))
@@ -318,6 +319,8 @@ class SwarmIsland:
     def _final_eval(self) -> None:
         self.eval_loss = self._evaluate()
         self.metrics.write({"summary": self._summary})
+        if not self.cfg.quiet:  # mixes, refusals and why it trained alone, if it did (`summary_line`)
+            summary_line(self._summary)
 
     @property
     def _summary(self) -> dict[str, Any]:
@@ -368,17 +371,8 @@ class SwarmIsland:
                             refused=self.checks.refused, last_refused=self.checks.last_refused,
                             alone=self.alone.reason or "", fetches=self.rounds.choice.describe(),
                             started_at=self.started_at, published_at=self.publisher.published_at,
-                            timestamp=time.time(), model=self.identity.model, reach=self.reach.mode)
-
-    def wait_for_members(self, count: int, timeout: float) -> bool:
-        """Wait until discovery shows `count` islands, this one included (at most `timeout` s, or
-        until `stop()`); True if it did."""
-        deadline = time.monotonic() + timeout
-        while len(self.membership.members()) < count:
-            if self._stop_asked or time.monotonic() >= deadline:
-                return False
-            time.sleep(0.1)
-        return True
+                            timestamp=time.time(), model=self.identity.model, reach=self.reach.mode,
+                            name=self.cfg.name or "")
 
     def utilization(self) -> float:
         """Share of wall time since the first inner step spent in the user's inner steps."""
@@ -394,6 +388,6 @@ class SwarmIsland:
                "wall_s": round(time.monotonic() - self._t0, 3), "utilization": self.utilization(), **info}
         self.metrics.write(row)
         if not self.cfg.quiet:
-            progress_line(self.name, row)
+            progress_line(self.name, row, self.rounds.label(row.get("partner")))
         if self.round % self.cfg.checkpoint_every == 0:
             self.save_checkpoint()

@@ -63,19 +63,22 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def progress_line(name: str, row: dict[str, Any], out: TextIO = sys.stderr) -> None:
-    """One readable line per round, for terminals and logs alike."""
-    partner = row.get("partner") or "-"
+def progress_line(name: str, row: dict[str, Any], partner: str = "-", out: TextIO = sys.stderr) -> None:
+    """One readable line per round, for terminals and logs alike; `partner`: the label of the round's
+    partner (`island_label`; "-" for none)."""
     ev = f" eval {row['eval_loss']:.3f}" if row.get("eval_loss") is not None else ""
     out.write(f"[{name}] round {row['round']:>4} v{row['version']:<5} loss {row['loss']:.3f}{ev} "
-              f"{row['tokens_per_s']:>7.0f} tok/s partner {partner[:8]:<8} "
+              f"{row['tokens_per_s']:>7.0f} tok/s partner {partner:<8} "
               f"in {row['bytes_in'] / 1e6:6.1f} MB util {row['utilization']:.3f}\n")
     out.flush()
 
 
 def summary_line(summary: dict[str, Any], out: TextIO = sys.stderr) -> None:
-    """One line when an island leaves: its rounds and what its exchanges came to."""
-    alone = f"; trained alone: {summary['alone']}" if summary.get("alone") else ""
+    """One line when an island leaves: its rounds, what its exchanges came to, and why it trained
+    alone at the end (or how often it did for a while)."""
+    alone = (f"; trained alone: {summary['alone']}" if summary.get("alone") else
+             f"; trained alone {summary['alone_episodes']} time(s) for a while" if summary.get("alone_episodes") else "")
     out.write(f"[{summary['name']}] left after {summary['rounds']} rounds: {summary['mixes']} partner states mixed, "
-              f"{summary['failed_fetches']} fetches failed, {summary['too_stale']} too stale to mix{alone}\n")
+              f"{summary['refused']} refused, {summary['failed_fetches']} fetches failed, "
+              f"{summary['too_stale']} too stale to mix{alone}\n")
     out.flush()

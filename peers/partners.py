@@ -148,7 +148,7 @@ class PartnerChooser:
             return True
         if self.exclude(pid):
             log.warning("member %s runs another model (fingerprint %s, ours %s); never mixing with it",
-                        pid[:8], record.model, self.model)
+                        record.label, record.model, self.model)
         return False
 
     def choose(self, members: dict[str, IslandRecord], own_version: int, min_version: int = 0,

@@ -27,7 +27,6 @@ from p2p_diloco.errors import JoinStopped
 from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.peers.distributed import IntraIsland, RankFollower
 from p2p_diloco.peers.island import SwarmIsland
-from p2p_diloco.peers.metrics import summary_line
 from p2p_diloco.peers.runner import Trainer, train
 from p2p_diloco.terminal import leave_terminal
 
@@ -120,11 +119,9 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
         by_time = bool(cfg.max_seconds and not (cfg.max_tokens or cfg.max_rounds))
         with island:
             train(island, trainer, cfg.max_seconds, size_by_time=by_time)
-        summary = island.close()
+        summary = island.close()  # (its summary line: `SwarmIsland.close`)
         if summary:  # what the device's memory came to (the CUDA allocator's peak; None elsewhere)
             summary = {**summary, "peak_device_bytes": peak_memory_bytes(device)}
-        if summary and not cfg.quiet:  # (rank 0 of a torchrun island; the others have none)
-            summary_line(summary)
         return stop.exit_code, summary
     except JoinStopped:  # a signal while it waited for a bootstrap node: nothing to save or tell
         return stop.exit_code, {}

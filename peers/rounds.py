@@ -21,6 +21,7 @@ from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.core.schedule import FINAL_MIX_WAIT_S
 from p2p_diloco.discovery.membership import Membership
+from p2p_diloco.discovery.records import label_among
 from p2p_diloco.peers.alone import AloneWatch, Link
 from p2p_diloco.peers.checks import PartnerChecks
 from p2p_diloco.peers.fetchchoice import FetchChoice
@@ -176,6 +177,7 @@ class Rounds:
         if nbytes is not None:
             self.tally.bytes_in += nbytes
             self.changed = True
+            self.alone.mixed()  # it took the swarm's state: not alone
 
     def _keep_fetching(self) -> None:
         """Start a fetch when none runs and it is time to look for a partner (again)."""
@@ -207,6 +209,7 @@ class Rounds:
                                                                 updates=updates)
         if started:
             self.choice.started(partner.peer_id, updates)
+            self.alone.exchanged()
         return started
 
     def _give_way(self) -> None:
@@ -223,6 +226,8 @@ class Rounds:
             return [], {"partner": None, "fetch_s": None, "bytes_in": 0}
         state, info = self.checks.admit(result)
         self.tally.bytes_in += info["bytes_in"]
+        if "refused" in info:
+            self.alone.refused(self.label(result.peer_id), info["refused"], info.get("foreign"))
         if result.snapshot is not None and not result.pushed:
             info["fetched"] = "state" if result.public is None else "updates"
             self.tally.fetched[info["fetched"]] += 1
@@ -256,9 +261,13 @@ class Rounds:
                 break
         info = self._mix_if_arrived()
         if info is not None:
-            log.info("%s: final mix with %s at weight %.3f", self.identity.name, info["partner"][:8], info["weight"])
+            log.info("%s: final mix with %s at weight %.3f", self.identity.name, self.label(info["partner"]), info["weight"])
         self._linger(deadline)
         return info
+
+    def label(self, peer_id: str | None) -> str:
+        """How a partner is shown: its name in its record, or its peer id's prefix."""
+        return label_among(self.membership.members(), peer_id)
 
     def _others_training(self) -> list:
         return [r for pid, r in self.membership.members().items()
@@ -322,6 +331,7 @@ class Rounds:
         if not self.inbox.has_result:
             return
         result = self.inbox.take()
+        self.alone.exchanged()
         partners, info = self._take_partner(result)
         entry = {"partner": result.peer_id, "weight": 0.0, **({"refused": info["refused"]} if "refused" in info else {})}
         if partners:

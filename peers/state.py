@@ -95,6 +95,16 @@ class StateSource:
         self.identity, self.outer, self.membership, self.stopped = identity, outer, membership, stopped
         self.network, self.secret = network, secret
 
+    def wait_for(self, count: int, timeout: float) -> bool:
+        """Wait until discovery shows `count` islands, this one included (at most `timeout` s, or
+        until the island is stopped); True if it did."""
+        deadline = time.monotonic() + timeout
+        while len(self.membership.members()) < count:
+            if self.stopped() or time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
     def freshest(self) -> list[IslandRecord]:
         """The members ahead of this island (same model), freshest first."""
         me, v = self.identity, self.outer.state.version
@@ -117,7 +127,7 @@ class StateSource:
                 state = partner_state(snap, self.outer.state.phi.numel(), self.identity.model, self.identity.run)
                 states.append(Downloaded(rec, state, snap.wire_bytes, snap.seconds))
             except TransportError as e:
-                log.info("could not download the state of %s: %s; trying another member", rec.peer_id[:8], e)
+                log.info("could not download the state of %s: %s; trying another member", rec.label, e)
         return states
 
     def adopt(self, states: list[Downloaded], started: bool) -> int:
@@ -130,7 +140,7 @@ class StateSource:
             return 0
         best = _most_central(states, self.outer.state.phi)
         self.outer.adopt(best.state)
-        log.info("joined from %s at version %d (%d bytes in %.1f s; %d states compared)", best.record.peer_id[:8],
+        log.info("joined from %s at version %d (%d bytes in %.1f s; %d states compared)", best.record.label,
                  best.state.version, best.wire_bytes, best.seconds, len(states))
         return sum(d.wire_bytes for d in states)
 
@@ -182,5 +192,5 @@ def _most_central(states: list[Downloaded], initial: torch.Tensor) -> Downloaded
     best = min(range(len(states)), key=score)
     for j, d in enumerate(states):
         if j != best and far[best][j] > START_BOUND:
-            log.warning("joining: the state of %s is far from the other members'; not adopting it", d.record.peer_id[:8])
+            log.warning("joining: the state of %s is far from the other members'; not adopting it", d.record.label)
     return states[best]

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import time
 
-SHORT_ID = 8
-"""Characters of a peer id shown in tables (80-bit ids never collide in a swarm that size)."""
+
+LABEL_CELL = 10
+"""Characters of an island's label the peers table and the loss legend show (the detail view shows all)."""
 
 
-def short_id(peer_id: str | None) -> str:
-    return "-" if not peer_id else peer_id[:SHORT_ID]
+def label_cell(label: str, width: int = LABEL_CELL) -> str:
+    """An island's label cut to `width` characters, the cut marked with `…`."""
+    return label if len(label) <= width else label[: width - 1] + "…"
 
 
 def address(endpoint: str) -> str:

@@ -99,7 +99,8 @@ class DetailScreen(Screen):
     def headline(view: IslandView, color: str) -> Text:
         r = view.record
         return Text.assemble(
-            ("island ", "dim"), (r.peer_id, f"bold {color}"), "  ", (view.shown_state, STATE_STYLE.get(view.shown_state, "")),
+            ("island ", "dim"), (view.label, f"bold {color}"), (f" {r.peer_id}" if r.name else r.peer_id[len(view.label):], "dim"),
+            "  ", (view.shown_state, STATE_STYLE.get(view.shown_state, "")),
             "\n", ("at ", "dim"), fmt.address_cell(r.endpoint, r.reach), ("   version ", "dim"), (f"v{r.version}", "bold"),
             ("   behind ", "dim"), str(view.behind) if view.live else "-", ("   loss ", "dim"), fmt.loss(r.loss))
 
@@ -115,8 +116,8 @@ class DetailScreen(Screen):
             ("loss", fmt.loss(r.loss)), ("eval loss", fmt.loss(r.eval_loss)),
             ("upload", fmt.rate(r.upload_bps)), ("download", fmt.rate(r.download_bps)),
             ("sent", fmt.size(r.bytes_sent)), ("received", fmt.size(r.bytes_received)),
-            ("reach", fmt.REACH.get(r.reach, r.reach)), ("last partner", fmt.short_id(r.last_partner)),
-            ("refused", f"{r.refused} states, last from {fmt.short_id(r.last_refused)}" if r.refused else "0"),
+            ("reach", fmt.REACH.get(r.reach, r.reach)), ("last partner", state.label_of(r.last_partner)),
+            ("refused", f"{r.refused} states, last from {state.label_of(r.last_refused)}" if r.refused else "0"),
             ("alone", r.alone or "no"), ("fetches", r.fetches or "as configured (--exchange state or updates)"),
             ("started", f"{fmt.clock(r.started_at)} ({fmt.duration(now - r.started_at)} ago)" if r.started_at else "-"),
             ("record age", fmt.duration(view.age)),
@@ -140,6 +141,7 @@ HELP = """\
   [b]?[/b]            this help
 
 [b]Columns[/b]
+  [b]island[/b]   its name (`join --name`, `IslandConfig(name=...)`), else its peer id's first 8 characters
   [b]behind[/b]   versions behind the freshest island ([yellow]yellow[/] past half the max staleness,
            [red]red[/] past it: partners skip that island)
   [b]age[/b]      seconds since the island made its record ([yellow]yellow[/] > stale time, [red]red[/] > twice that)

@@ -19,8 +19,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from p2p_diloco.discovery.records import IslandRecord
-from p2p_diloco.tui.format import short_id
+from p2p_diloco.discovery.records import IslandRecord, island_label
 from p2p_diloco.tui.source import Snapshot
 
 HISTORY = 600
@@ -86,8 +85,9 @@ class IslandView:
         return self.record.peer_id
 
     @property
-    def short_id(self) -> str:
-        return short_id(self.record.peer_id)
+    def label(self) -> str:
+        """The island's name, or its peer id's prefix (`island_label`)."""
+        return self.record.label
 
     @property
     def live(self) -> bool:
@@ -172,11 +172,11 @@ class SwarmState:
             if view is None:
                 view = self.islands[pid] = IslandView(record=rec, first_seen=now, last_change=now)
                 where = f"at {rec.endpoint.removeprefix('tcp://')} (v{rec.version}, {rec.state})"
-                self.note("join", f"{view.short_id} {'in the swarm' if initial else 'joined'} {where}", pid)
+                self.note("join", f"{view.label} {'in the swarm' if initial else 'joined'} {where}", pid)
             else:
                 if view.gone is not None:
                     away = now - (view.gone_at or now)
-                    self.note("rejoin", f"{view.short_id} is back after {away:.0f}s ({view.gone}), v{rec.version}", pid)
+                    self.note("rejoin", f"{view.label} is back after {away:.0f}s ({view.gone}), v{rec.version}", pid)
                     view.gone = view.gone_at = None
                 if rec != view.record:
                     self._state_change(view, rec)
@@ -190,31 +190,31 @@ class SwarmState:
                 view.gone = "left" if leaving or silent < self.expiry / 2 else "expired"
                 view.gone_at = now
                 if view.gone == "left":
-                    self.note("left", f"{view.short_id} left at v{view.record.version}", pid)
+                    self.note("left", f"{view.label} left at v{view.record.version}", pid)
                 else:
-                    self.note("expired", f"{view.short_id} vanished without leaving (silent {silent:.0f}s, "
+                    self.note("expired", f"{view.label} vanished without leaving (silent {silent:.0f}s, "
                                          f"record expired), last v{view.record.version}", pid)
 
     def _state_change(self, view: IslandView, rec: IslandRecord) -> None:
         if rec.refused > view.record.refused:
             n = rec.refused - view.record.refused
-            self.note("refused", f"{view.short_id} refused {n} partner state{'s' * (n > 1)}, last from "
-                                 f"{(rec.last_refused or '?')[:8]} (implausible, non-finite, or another model or run)",
+            self.note("refused", f"{view.label} refused {n} partner state{'s' * (n > 1)}, last from "
+                                 f"{self.label_of(rec.last_refused)} (implausible, non-finite, or another model or run)",
                       rec.peer_id)
         if rec.alone != view.record.alone:
             if rec.alone:
-                self.note("alone", f"{view.short_id} trains alone: {rec.alone}", rec.peer_id)
+                self.note("alone", f"{view.label} trains alone: {rec.alone}", rec.peer_id)
             else:
-                self.note("alone", f"{view.short_id} mixes partners' states again", rec.peer_id)
+                self.note("alone", f"{view.label} mixes partners' states again", rec.peer_id)
         if rec.fetching and view.record.fetching and rec.fetching != view.record.fetching:
-            self.note("fetches", f"{view.short_id} fetches {rec.fetches}", rec.peer_id)
+            self.note("fetches", f"{view.label} fetches {rec.fetches}", rec.peer_id)
         old, new = view.record.state, rec.state
         if old == new or {old, new} == {"training", "syncing"}:
             return  # training <-> syncing happens every round: not news
         if new == "leaving":
-            self.note("leaving", f"{view.short_id} is leaving (v{rec.version})", rec.peer_id)
+            self.note("leaving", f"{view.label} is leaving (v{rec.version})", rec.peer_id)
         else:
-            self.note("state", f"{view.short_id} {old} -> {new} (v{rec.version})", rec.peer_id)
+            self.note("state", f"{view.label} {old} -> {new} (v{rec.version})", rec.peer_id)
 
     def _restale(self) -> None:
         live = [v for v in self.islands.values() if v.live]
@@ -228,11 +228,11 @@ class SwarmState:
                 continue  # a joining island is behind until its first download lands: not news
             if v.behind > self.behind_after and not v.flagged_behind:
                 v.flagged_behind = True
-                self.note("behind", f"{v.short_id} fell {v.behind} versions behind (v{v.record.version} vs "
+                self.note("behind", f"{v.label} fell {v.behind} versions behind (v{v.record.version} vs "
                                     f"v{freshest}; partners skip it beyond {self.behind_after})", v.peer_id)
             elif v.behind <= self.behind_after and v.flagged_behind:
                 v.flagged_behind = False
-                self.note("caught-up", f"{v.short_id} caught up ({v.behind} behind, v{v.record.version})", v.peer_id)
+                self.note("caught-up", f"{v.label} caught up ({v.behind} behind, v{v.record.version})", v.peer_id)
 
     def _drop_old(self) -> None:
         for pid in [p for p, v in self.islands.items() if v.gone_at is not None and self.now - v.gone_at > self.linger]:
@@ -268,6 +268,11 @@ class SwarmState:
         """0 fresh, 1 older than `stale_after`, 2 older than twice that."""
         return 2 if view.age > 2 * self.stale_after else 1 if view.age > self.stale_after else 0
 
+    def label_of(self, peer_id: str | None) -> str:
+        """How an island the dashboard may know by its record is shown (a partner, a refused one)."""
+        view = self.islands.get(peer_id) if peer_id else None
+        return island_label(view.record.name if view is not None else None, peer_id)
+
     def events_of(self, peer_id: str) -> list[Event]:
         return [e for e in self.events if e.peer_id == peer_id]
 
@@ -283,7 +288,7 @@ class SwarmState:
 
 
 SORT_KEYS = {
-    "id": lambda v: v.peer_id,
+    "id": lambda v: v.label,
     "address": lambda v: v.record.endpoint,
     "state": lambda v: v.shown_state,
     "version": lambda v: v.record.version,

@@ -17,7 +17,7 @@ from p2p_diloco.tui import format as fmt
 from p2p_diloco.tui.plot import PALETTE, Series, bounds, plot, with_axis
 from p2p_diloco.tui.state import IslandView, SwarmState
 
-COLUMNS = (("id", "id"), ("address", "address"), ("state", "state"), ("version", "version"), ("behind", "behind"),
+COLUMNS = (("id", "island"), ("address", "address"), ("state", "state"), ("version", "version"), ("behind", "behind"),
            ("age", "age"), ("tokens_per_s", "tok/s"), ("loss", "loss"), ("upload", "up"), ("download", "down"),
            ("partner", "partner"))
 """(column key, label) of the peers table; the keys are `tui.state.SORT_KEYS`."""
@@ -122,14 +122,14 @@ class PeersTable(DataTable):
                       style=LEVEL_STYLE[state.behind_level(v)] if v.live else "dim")
         age = Text(fmt.duration(v.age), justify="right", style=LEVEL_STYLE[state.age_level(v)] if v.live else "dim")
         return [
-            Text(v.short_id, style=f"bold {color}" if v.live else f"dim {color}"),
+            Text(fmt.label_cell(v.label), style=f"bold {color}" if v.live else f"dim {color}"),
             Text(fmt.address_cell(r.endpoint, r.reach), style=dim or ("yellow" if r.reach == "outbound" else "")),
             Text(v.shown_state, style=STATE_STYLE.get(v.shown_state, "")),
             Text(str(r.version), **right), behind, age,
             Text(fmt.si(r.tokens_per_s), **right),
             Text(fmt.loss(r.loss), **right),
             Text(fmt.rate(r.upload_bps), **right), Text(fmt.rate(r.download_bps), **right),
-            Text(fmt.short_id(r.last_partner), style=dim),
+            Text(fmt.label_cell(state.label_of(r.last_partner)), style=dim),
         ]
 
 
@@ -186,7 +186,7 @@ class LossChart(PlotPanel):
             if points:
                 series.append(Series(points, colors(v.peer_id)))
             if v.live:
-                legend.append("■ ", colors(v.peer_id)).append(f"{v.short_id[:4]} {fmt.loss(v.record.loss)}  ")
+                legend.append("■ ", colors(v.peer_id)).append(f"{fmt.label_cell(v.label)} {fmt.loss(v.record.loss)}  ")
         return series, None, legend
 
 

@@ -52,21 +52,32 @@ def demo(islands, minutes, latency_ms, bandwidth_mbps, compare, workdir, as_json
         click.echo(json.dumps(summary))
         return
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(title=f"{islands} islands, {minutes:g} minutes each")
-    for col in ("island", "loss at start", "eval loss", "tokens", "version", "mixes", "failed fetches", "utilization"):
-        table.add_column(col, justify="right")
-    for r in summary["islands"]:
-        table.add_row(r["id"], f"{r['initial_loss']:.3f}", f"{r['eval_loss']:.3f}", f"{r['tokens']:,}", str(r["version"]),
-                      str(r["mixes"]), str(r["failed_fetches"]), f"{r['utilization']:.3f}")
     console = Console()
-    console.print(table)
+    console.print(islands_table(summary["islands"], f"{islands} islands, {minutes:g} minutes each"))
     for r in summary["islands"]:
         if r["alone"]:
             console.print(f"{r['id']} trained alone at the end: {r['alone']}", style="bold yellow", markup=False)
+        elif r["alone_episodes"]:
+            console.print(f"{r['id']} trained alone {r['alone_episodes']} time(s) for a while (its log says why)",
+                          style="yellow", markup=False)
     if summary["baseline_eval_loss"] is not None:
         console.print(f"data-parallel baseline at the same tokens: eval loss {summary['baseline_eval_loss']:.3f}")
     console.print(f"bytes moved between islands: {summary['bytes_moved'] / 1e6:.1f} MB   (logs: {summary['workdir']})")
     console.print("sample:", style="bold")
     console.print(summary["sample"], markup=False, highlight=False)
+
+
+def islands_table(rows: list[dict], title: str):
+    """The demo's table of its islands (`run_demo`'s `islands`), by name: with no borders, its 9
+    columns fit the 80 columns a pipe gets without cutting a name or a number."""
+    from rich.table import Table
+
+    table = Table(title=title, box=None, pad_edge=False)
+    table.add_column("island", no_wrap=True)  # the names the dashboard and the progress lines show
+    for col in ("start\nloss", "eval\nloss", "tokens", "version", "mixes", "refused", "failed\nfetches", "util"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for r in rows:
+        table.add_row(r["id"], f"{r['initial_loss']:.3f}", f"{r['eval_loss']:.3f}", f"{r['tokens']:,}", str(r["version"]),
+                      str(r["mixes"]), str(r["refused"]), str(r["failed_fetches"]), f"{r['utilization']:.3f}")
+    return table

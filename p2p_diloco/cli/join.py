@@ -82,7 +82,9 @@ def _config_file_only(f):
               help="auto: at start the bootstrap node dials this island to learn whether others can reach it; "
                    "direct: assume they can; outbound: they cannot, so nobody dials this island; it fetches from "
                    "reachable islands and pushes its state to them.")
-@click.option("--name", default=I.name, help="Label for the progress line.")
+@click.option("--name", default=I.name,
+              help="This island's name in logs, progress lines, `status` and the dashboard (at most 32 printable "
+                   "ASCII characters; default: its peer id's first 8).")
 @click.option("--quiet", is_flag=True, default=I.quiet, help="No progress lines.")
 @click.option("--json", "as_json", is_flag=True, help="Print the island's summary as JSON at exit.")
 @_config_file_only

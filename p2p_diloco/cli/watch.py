@@ -15,7 +15,7 @@ import click
 from p2p_diloco.cli.options import discovery_config, discovery_options, resolve_secret, secret_options
 from p2p_diloco.config import DiscoveryConfig
 from p2p_diloco.discovery.membership import sealed_hint
-from p2p_diloco.discovery.records import IslandRecord
+from p2p_diloco.discovery.records import IslandRecord, label_among
 from p2p_diloco.errors import P2PDiLoCoError
 
 
@@ -26,7 +26,8 @@ WATCH_SECRET_HELP = "Swarm secret of the run: needed to read its records when th
 
 @click.command()
 @discovery_options(required=True)
-@click.option("--json", "as_json", is_flag=True, help="Print {run_id, islands, discovery} as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print {run_id, islands, discovery} as JSON: each island's record and its `label` (name or peer id prefix).")
 @click.option("--timeout", type=float, default=DiscoveryConfig.connect_timeout, show_default=True,
               help="Seconds to wait for a bootstrap node.")
 @secret_options(WATCH_SECRET_HELP)
@@ -45,7 +46,7 @@ def status(bootstrap, run_id, discovery, as_json, timeout, secret, secret_file):
     if hint:
         click.echo(hint, err=True)
     if as_json:
-        islands = [r.to_dict() for r in sorted(records.values(), key=lambda r: r.peer_id)]
+        islands = [{**r.to_dict(), "label": r.label} for r in sorted(records.values(), key=lambda r: r.peer_id)]
         click.echo(json.dumps({"run_id": run_id, "islands": islands, "discovery": kind}))
     else:
         click.echo(f"run {run_id!r}: {len(records)} live island(s) via {kind}")
@@ -73,16 +74,20 @@ def dashboard(bootstrap, run_id, discovery, refresh, expiry, secret, secret_file
 
 
 def format_islands(records: dict[str, IslandRecord] | list[IslandRecord], now: float) -> str:
-    """A plain-text table of island records (what `p2p-diloco status` prints); `reach` says whether
-    others can dial an island (`direct`) or it only dials out (`outbound`); `fetches` what an island
-    with `--exchange auto` fetches now (`state` or `updates`; `-` for a fixed exchange), why under the table."""
-    rows = sorted(records.values() if isinstance(records, dict) else records, key=lambda r: r.peer_id)
-    head = ("peer id", "state", "version", "tokens", "tok/s", "loss", "age s", "reach", "fetches", "endpoint")
-    body = [(r.peer_id, r.state, str(r.version), str(r.tokens), f"{r.tokens_per_s:.0f}",
+    """A plain-text table of island records (what `p2p-diloco status` prints); `island` is its name, or
+    its peer id's prefix (`island_label`); `reach` says whether others can dial an island (`direct`) or
+    it only dials out (`outbound`); `fetches` what an island with `--exchange auto` fetches now
+    (`state` or `updates`; `-` for a fixed exchange), why under the table; `partner` the island it
+    last mixed with."""
+    rows = sorted(records.values() if isinstance(records, dict) else records, key=lambda r: (r.label, r.peer_id))
+    known = {r.peer_id: r for r in rows}
+    head = ("island", "peer id", "state", "version", "tokens", "tok/s", "loss", "age s", "reach", "fetches", "partner",
+            "endpoint")
+    body = [(r.label, r.peer_id, r.state, str(r.version), str(r.tokens), f"{r.tokens_per_s:.0f}",
              "-" if r.loss is None else f"{r.loss:.4f}", f"{max(0.0, now - r.timestamp):.1f}" if r.timestamp else "-",
-             r.reach, r.fetching or "-", r.endpoint) for r in rows]
+             r.reach, r.fetching or "-", label_among(known, r.last_partner), r.endpoint) for r in rows]
     widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *body]]
-    lines += [f"{r.peer_id} trains alone: {r.alone}" for r in rows if r.alone]
-    lines += [f"{r.peer_id} fetches {r.fetches}" for r in rows if r.fetching == "updates"]
+    lines += [f"{r.label} trains alone: {r.alone}" for r in rows if r.alone]
+    lines += [f"{r.label} fetches {r.fetches}" for r in rows if r.fetching == "updates"]
     return "\n".join(lines)

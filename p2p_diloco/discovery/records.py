@@ -18,9 +18,9 @@ import hashlib
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
-from p2p_diloco.config import REACH_MODES
+from p2p_diloco.config import MAX_NAME_CHARS, REACH_MODES, valid_name
 from p2p_diloco.errors import DiscoveryError
 
 STATES = ("joining", "training", "syncing", "leaving")
@@ -37,6 +37,11 @@ MAX_ALONE_CHARS = 300
 """The longest reason a record carries (`alone`, `fetches`)."""
 FINGERPRINT_CHARS = 20
 """Hex digits of sha256 kept in a peer id (80 bits)."""
+LABEL_ID_CHARS = 8
+"""Characters of a peer id that stand for an island without a name (80-bit ids never collide in a
+swarm that size)."""
+OPTIONAL_FIELDS = ("name",)
+"""Fields a record may lack (records of islands older than the field): they take their default."""
 
 _INT_FIELDS = ("version", "tokens", "bytes_sent", "bytes_received", "refused")
 _FLOAT_FIELDS = ("tokens_per_s", "upload_bps", "download_bps", "started_at", "published_at", "timestamp")
@@ -46,6 +51,18 @@ _OPTIONAL_FLOAT_FIELDS = ("loss", "eval_loss")
 def fingerprint(public_key: bytes) -> str:
     """The peer id that belongs to a signing key: the first 80 bits of its sha256, in hex."""
     return hashlib.sha256(public_key).hexdigest()[:FINGERPRINT_CHARS]
+
+
+def island_label(name: str | None, peer_id: str | None) -> str:
+    """How logs, progress lines, `status`, the dashboard and summaries show an island: its name, or
+    its peer id's first `LABEL_ID_CHARS` characters when it has none ("-" for no island at all)."""
+    return name or (peer_id or "-")[:LABEL_ID_CHARS]
+
+
+def label_among(records: Mapping[str, IslandRecord], peer_id: str | None) -> str:
+    """`island_label` of `peer_id`, named as its record among `records` names it (a partner's label)."""
+    record = records.get(peer_id) if peer_id else None
+    return island_label(record.name if record is not None else None, peer_id)
 
 
 def _bad(field: str, rule: str, value: Any) -> DiscoveryError:
@@ -108,6 +125,9 @@ class IslandRecord:
 
     reach: str = "direct"
     """One of `REACHES`: `outbound` when others cannot dial `endpoint` (they must not try to fetch from it)."""
+    name: str = ""
+    """The island's name (`IslandConfig.name`; "" when it has none): see `island_label`. Optional
+    (`OPTIONAL_FIELDS`): a record without it is read as nameless."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.peer_id, str) and PEER_ID_RE.match(self.peer_id)):
@@ -133,6 +153,8 @@ class IslandRecord:
             raise _bad("reach", f"one of {REACHES}", self.reach)
         if not (isinstance(self.model, str) and MODEL_RE.match(self.model)):
             raise _bad("model", "16 lowercase hex digits or empty", self.model)
+        if self.name != "" and not valid_name(self.name):
+            raise _bad("name", f"empty or 1-{MAX_NAME_CHARS} printable ASCII characters", self.name)
         for name in ("alone", "fetches"):
             v = getattr(self, name)
             if not (isinstance(v, str) and len(v) <= MAX_ALONE_CHARS and v.isascii() and v.isprintable()):
@@ -141,6 +163,11 @@ class IslandRecord:
             v = getattr(self, name)
             if v is not None and not (isinstance(v, str) and PEER_ID_RE.match(v)):
                 raise _bad(name, "None or a peer id", v)
+
+    @property
+    def label(self) -> str:
+        """How the island is shown (`island_label`)."""
+        return island_label(self.name, self.peer_id)
 
     @property
     def fetching(self) -> str:
@@ -154,13 +181,13 @@ class IslandRecord:
     @classmethod
     def from_dict(cls, data: Any) -> IslandRecord:
         """Build a record from untrusted data, which must be exactly what `to_dict` writes: unknown
-        or missing fields, and an int where a float belongs, raise `DiscoveryError` (so every copy
-        of a record in the swarm has one form)."""
+        or missing fields (but `OPTIONAL_FIELDS`), and an int where a float belongs, raise
+        `DiscoveryError` (so every copy of a record in the swarm has one form)."""
         if not isinstance(data, dict):
             raise DiscoveryError(f"island record must be a mapping, got {type(data).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(str(k)[:40] for k in set(data) - names)
-        missing = sorted(names - set(data))
+        missing = sorted(names - set(data) - set(OPTIONAL_FIELDS))
         if unknown or missing:
             raise DiscoveryError(f"island record has unknown fields {unknown} / missing fields {missing}")
         for name in _FLOAT_FIELDS + _OPTIONAL_FLOAT_FIELDS:

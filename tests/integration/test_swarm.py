@@ -261,3 +261,31 @@ def test_islands_on_a_link_too_slow_for_their_state_say_they_train_alone(procs, 
         assert "Mbit/s measured from partners" in said[0] and "--exchange updates" in said[0], said[0]
         assert not [r for r in isl.rounds() if "fetch_error" in r]  # (the final mix may see its partner leave)
         assert f"[{isl.name}] left after {s['rounds']} rounds: {s['mixes']} partner states mixed, " in isl.tail()
+
+
+@pytest.mark.timeout(120)
+def test_islands_of_different_initial_weights_say_they_train_alone_and_why(procs, tmp_path):
+    """A user who forgot to seed: each island refuses the other's state as another run's, and says so
+    (after 3 rounds and 10 s without a mix) in its log, its record (`status`) and its summary line."""
+    from discovery_harness import status
+
+    _, entry = start_bootstrap(procs, tmp_path)
+    islands = [IslandProc(procs, tmp_path, f"seed{k}", entry, "-H", "5", "--max-rounds", "1000", "--wait-for", "2",
+                          settings={"train": {"seed": k}}, every=100) for k in range(2)]
+    for isl in islands:
+        wait_until(lambda: any("alone" in r for r in isl.rounds()) or isl.proc.poll() is not None, 90,
+                   f"{isl.name} to say it trains alone")
+    out, _ = status(entry, "swarm", "zmq")
+    records = {r["label"]: r for r in json.loads(out.stdout)["islands"]}
+    assert set(records) == {"seed0", "seed1"}, out.stdout
+    for isl in islands:
+        other = "seed1" if isl.name == "seed0" else "seed0"
+        why = records[isl.name]["alone"]
+        assert why.startswith(f"another run's weights: the states of {other} were refused as another run's"), why
+        assert records[isl.name]["name"] == isl.name and records[isl.name]["refused"] >= 1
+        isl.signal(signal.SIGTERM)
+    for isl in islands:
+        s = isl.summary(60, expect=143)
+        assert s["mixes"] == 0 and s["refused"] >= 1 and s["alone"].startswith("another run's weights"), s
+        assert isl.tail(100_000).count("trains alone: another run's weights") == 1, isl.tail()
+        assert f"[{isl.name}] left after {s['rounds']} rounds: 0 partner states mixed, {s['refused']} refused" in isl.tail()

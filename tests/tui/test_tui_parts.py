@@ -19,12 +19,12 @@ def test_si(value, text):
     assert fmt.si(value) == text
 
 
-def test_rates_sizes_durations_ids():
+def test_rates_sizes_durations_addresses():
     assert [fmt.rate(x) for x in (None, 0.0, 512.0, 4.1e6)] == ["-", "-", "512 B/s", "4.1 MB/s"]
     assert [fmt.size(x) for x in (12, 1234, 894e6, 1.234e9, 56.7e9)] == ["12 B", "1.23 kB", "894 MB", "1.23 GB", "56.7 GB"]
     assert [fmt.duration(x) for x in (None, 4.9, 187, 3720, 2 * 86400 + 3 * 3600)] == ["-", "4s", "3m07s", "1h02m", "2d03h"]
-    assert fmt.short_id("0123456789abcdef0123") == "01234567" and fmt.short_id(None) == "-"
     assert fmt.address("tcp://10.0.0.1:5555") == "10.0.0.1:5555"
+    assert fmt.label_cell("island-3") == "island-3" and fmt.label_cell("carol-laptop") == "carol-lap…"
     assert fmt.address_cell("tcp://10.0.0.1:5555", "direct") == "10.0.0.1:5555"
     assert fmt.address_cell("tcp://10.0.0.1:5555", "outbound") == "10.0.0.1:5555 outbound"
     assert fmt.loss(2.34567) == "2.346" and fmt.loss(None) == "-"

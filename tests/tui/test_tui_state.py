@@ -187,3 +187,18 @@ def test_an_island_that_trains_alone_shows_so_with_why_and_when_it_mixes_again()
     events = [e for e in state.ingest(snap(t + 1, [r.replace(timestamp=t + 1) for r in records])) if e.kind == "alone"]
     assert [e.peer_id for e in events] == [IDS["b"]] and "again" in events[0].text
     assert state.islands[IDS["b"]].shown_state == "training"
+
+
+def test_islands_and_partners_are_shown_by_name_or_peer_id_prefix():
+    from p2p_diloco.tui.widgets import PeersTable
+
+    state = fed(21)
+    a, b = state.islands[IDS["a"]], state.islands[IDS["b"]]
+    assert (a.label, b.label) == ("alpha-gpu", IDS["b"][:8])
+    assert sorted(e.text.split()[0] for e in state.events if e.kind == "join") == ["alpha-gpu", IDS["b"][:8],
+                                                                                   "carol-laptop", IDS["d"][:8]]
+    assert state.label_of(IDS["c"]) == "carol-laptop" and state.label_of("ffffeeeeddddccccbbbb") == "ffffeeee"
+    assert state.label_of(None) == "-"
+    cells = PeersTable.cells(state, a, "red")  # (long labels are cut to fit the table)
+    assert cells[0].plain == "alpha-gpu" and cells[-1].plain in ("bbbb0123", "carol-lap…", "dddd0123")
+    assert [v.label for v in state.sorted_views("id")] == ["alpha-gpu", IDS["b"][:8], "carol-laptop", IDS["d"][:8]]

@@ -7,7 +7,8 @@ record lifetime of `EXPIRY` seconds and one snapshot a second from `T0`:
 - d is slow: it gains a version every 3 s while the others gain one a second, so it falls behind;
 - c announces `leaving` at +40 s and its record is withdrawn at +41 s (a clean exit);
 - b freezes at +30 s (its record stops changing: killed) and vanishes at +30 + EXPIRY s;
-- e joins at +50 s, starting from the freshest version; nobody can dial it (`reach="outbound"`).
+- e joins at +50 s, starting from the freshest version; nobody can dial it (`reach="outbound"`);
+- a and c have names (`NAMES`), the others are shown by their peer id's prefix.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ T0 = 1_700_000_000.0
 EXPIRY = 10.0
 FRAMES = 60
 IDS = {name: (name * 4 + "0123456789abcdef")[:20] for name in "abcde"}
+NAMES = {"a": "alpha-gpu", "c": "carol-laptop"}
 PORTS = {name: 20000 + i for i, name in enumerate("abcde")}
 SPEED = {"a": 3100.0, "b": 2900.0, "c": 3000.0, "d": 1000.0, "e": 3050.0}
 """Tokens per second of each island (d is a third as fast)."""
@@ -36,7 +38,7 @@ def record(name: str, t: float, *, version: int, state: str = "training", starte
         upload_bps=1.5e6 + 1e4 * version, download_bps=2.5e6 + 2e4 * version,
         bytes_sent=version * 3_000_000, bytes_received=version * 3_100_000, last_partner=IDS[partner],
         started_at=T0 - 120.0 if name == "a" else (T0 - 60.0 if started is None else started), timestamp=t,
-        reach="outbound" if name == "e" else "direct")
+        reach="outbound" if name == "e" else "direct", name=NAMES.get(name, ""))
 
 
 def frame(i: int) -> tuple[float, list[IslandRecord]]:

@@ -193,3 +193,20 @@ def test_usage_and_config_errors_exit_2_in_every_command(tmp_path, monkeypatch, 
     monkeypatch.chdir(tmp_path)
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output, r.output
+
+
+def test_the_demo_table_shows_every_island_by_its_whole_name_in_80_columns():
+    import io
+
+    from rich.console import Console
+
+    from p2p_diloco.cli.demo import islands_table
+
+    rows = [{"id": f"island-{i}", "initial_loss": 5.353, "eval_loss": 2.792, "tokens": 12_275_776, "version": 1234,
+             "mixes": 1000, "refused": 3, "failed_fetches": 12, "utilization": 0.884} for i in (0, 15)]
+    out = io.StringIO()
+    Console(width=80, file=out).print(islands_table(rows, "16 islands, 3 minutes each"))
+    body = out.getvalue().splitlines()[-2:]
+    assert [line.split() for line in body] == [[f"island-{i}", "5.353", "2.792", "12,275,776", "1234", "1000", "3",
+                                                "12", "0.884"] for i in (0, 15)]
+    assert "refused" in out.getvalue() and "…" not in out.getvalue()

@@ -58,7 +58,7 @@ def test_an_owners_signed_record_and_tombstone_are_accepted(keys):
 @pytest.mark.parametrize("change", [
     {"version": 4.0}, {"tokens": "99"}, {"loss": float("nan")}, {"state": "sleeping"}, {"tokens_per_s": 1},
     {"endpoint": "tcp://" + "a" * 10_000 + ":1"}, {"version": 2**63}, {"last_partner": "x" * 100_000},
-    {"evil": "extra field"}, {"reach": "auto"}, {"reach": None},
+    {"evil": "extra field"}, {"reach": "auto"}, {"reach": None}, {"name": "n" * 33}, {"name": "line\nbreak"},
 ])
 def test_a_record_off_the_schema_is_refused(keys, change):
     honest, _ = keys
@@ -69,6 +69,14 @@ def test_a_record_off_the_schema_is_refused(keys, change):
 def test_an_outbound_only_islands_record_is_accepted(keys):
     honest, _ = keys
     assert accepted(make_record(honest, {**good_value(honest), "reach": "outbound"}, owner_subkey(honest)))
+
+
+def test_a_named_record_and_one_from_before_names_are_accepted(keys):
+    honest, _ = keys
+    assert accepted(make_record(honest, {**good_value(honest), "name": "gpu box 2"}, owner_subkey(honest)))
+    old = good_value(honest)
+    del old["name"]
+    assert accepted(make_record(honest, old, owner_subkey(honest)))
 
 
 def test_a_record_with_a_field_missing_is_refused(keys):

@@ -73,6 +73,7 @@ def test_an_islands_fetch_choice_gives_way_once_and_says_what_it_fetches(caplog)
     assert auto.next(state, round_s) == (False, False) and auto.describe().startswith("state: no link measured")
     auto.started("p", False)
     slow = (1.0, 25_000, 1.0, 25_000.0)  # 25 kB/s: the rest takes 39 s, ~10 rounds
+    caplog.clear()  # (what was said before, where an earlier test left the logger at INFO)
     with caplog.at_level(logging.INFO, logger="p2p_diloco.peers.fetchchoice"):
         assert auto.give_way(slow, state, round_s) and not auto.give_way(slow, state, round_s)  # judged once
         assert auto.next(state, round_s) == (True, True) and auto.next(state, round_s) == (True, True)

@@ -13,7 +13,7 @@ from p2p_diloco import addresses
 from p2p_diloco.cli.watch import format_islands
 from p2p_diloco.config import DiscoveryConfig
 from p2p_diloco.discovery import choose_backend
-from p2p_diloco.discovery.records import IslandRecord, fingerprint
+from p2p_diloco.discovery.records import IslandRecord, fingerprint, island_label, label_among
 from p2p_diloco.discovery.entries import (
     MAX_MESSAGE_BYTES, Entry, MemberTable, SigningKey, answer_sync, decode, encode, pick_entries
 )
@@ -37,7 +37,7 @@ def test_record_round_trips_through_dict_json_and_msgpack():
     assert set(r.to_dict()) == {"peer_id", "endpoint", "version", "tokens", "tokens_per_s", "loss", "eval_loss", "state",
                                 "upload_bps", "download_bps", "bytes_sent", "bytes_received", "last_partner",
                                 "started_at", "published_at", "timestamp", "model", "refused", "last_refused", "alone", "fetches",
-                                "reach"}
+                                "reach", "name"}
 
 
 def test_integer_rates_become_floats_so_the_strict_dht_schema_accepts_them():
@@ -53,7 +53,8 @@ def test_integer_rates_become_floats_so_the_strict_dht_schema_accepts_them():
     ("tokens_per_s", math.nan), ("tokens_per_s", math.inf), ("tokens_per_s", -1.0), ("loss", math.nan),
     ("eval_loss", -math.inf), ("loss", "2.5"), ("state", "sleeping"), ("last_partner", "bad id!"),
     ("timestamp", -5.0), ("started_at", None), ("published_at", -1.0), ("bytes_sent", 2**64),
-    ("reach", "auto"), ("reach", None),
+    ("reach", "auto"), ("reach", None), ("name", "x" * 33), ("name", "tab\there"), ("name", "caf\u00e9"),
+    ("name", " padded"), ("name", None),
 ])
 def test_record_rejects_bad_fields_by_name(field, value):
     with pytest.raises(DiscoveryError, match=field):
@@ -64,6 +65,8 @@ def test_from_dict_rejects_unknown_missing_and_non_mapping():
     d = record().to_dict()
     with pytest.raises(DiscoveryError, match="unknown"):
         IslandRecord.from_dict({**d, "evil": 1})
+    del d["name"]  # a record from before names is read as nameless
+    assert IslandRecord.from_dict(d) == record()
     del d["loss"]
     with pytest.raises(DiscoveryError, match="missing"):
         IslandRecord.from_dict(d)
@@ -71,19 +74,40 @@ def test_from_dict_rejects_unknown_missing_and_non_mapping():
         IslandRecord.from_dict([1, 2])
 
 
-def test_format_islands_lists_every_record():
-    text = format_islands([record(), record(peer_id="aaaa", loss=None, version=9, reach="outbound")], now=1.7e9 + 12)
+def test_format_islands_lists_every_record_by_its_label():
+    named = record(peer_id="aaaa", loss=None, version=9, reach="outbound", name="gpu box 2", last_partner=PID)
+    text = format_islands([record(last_partner="aaaa"), named], now=1.7e9 + 12)
     lines = text.splitlines()
-    assert lines[0].split()[:3] == ["peer", "id", "state"] and lines[0].split()[-3:] == ["reach", "fetches", "endpoint"]
-    assert lines[1].startswith("0123") and "2.5000" in lines[1] and "2.0" in lines[1]  # age 2 s
-    assert lines[2].startswith("aaaa") and " - " in lines[2] and " 9 " in lines[2]
+    assert lines[0].split()[:4] == ["island", "peer", "id", "state"]
+    assert lines[0].split()[-4:] == ["reach", "fetches", "partner", "endpoint"]
+    assert lines[1].split()[:2] == ["01234567", PID] and "2.5000" in lines[1] and "2.0" in lines[1]  # age 2 s
+    assert lines[2].startswith("gpu box 2  aaaa ") and " - " in lines[2] and " 9 " in lines[2]
     assert " direct " in lines[1] and " outbound " in lines[2]
+    assert " gpu box 2  tcp://" in lines[1] and lines[2].split()[-2] == "01234567"  # each partner by its label
     alone = format_islands([record(alone="no partner state mixed in 10 rounds while 1 other train")], now=1.7e9)
-    assert alone.splitlines()[-1] == f"{PID} trains alone: no partner state mixed in 10 rounds while 1 other train"
+    assert alone.splitlines()[-1] == "01234567 trains alone: no partner state mixed in 10 rounds while 1 other train"
     why = "a whole state (1.29 MB) takes 4.300 rounds to move at 0.50 Mbit/s"
     auto = format_islands([record(fetches=f"updates: {why}"), record(peer_id="aaaa", fetches=f"state: {why}")], now=1.7e9)
-    assert auto.splitlines()[-1] == f"{PID} fetches updates: {why}"  # why, for an island on updates only
-    assert [line.split()[-2] for line in auto.splitlines()[1:3]] == ["updates", "state"]
+    assert auto.splitlines()[-1] == f"01234567 fetches updates: {why}"  # why, for an island on updates only
+    assert [line.split()[-3] for line in auto.splitlines()[1:3]] == ["updates", "state"]  # sorted by label
+
+
+def test_one_label_for_an_island_its_name_or_its_peer_id_prefix():
+    named, nameless = record(name="gpu box 2"), record(peer_id="fedcba9876543210fedc")
+    assert (named.label, nameless.label) == ("gpu box 2", "fedcba98")
+    assert island_label(None, PID) == island_label("", PID) == "01234567" and island_label(None, None) == "-"
+    members = {r.peer_id: r for r in (named, nameless)}
+    assert [label_among(members, p) for p in (PID, "fedcba9876543210fedc", "aaaabbbbccccddddeeee", None)] == [
+        "gpu box 2", "fedcba98", "aaaabbbb", "-"]  # an island not (or no longer) listed: its prefix
+
+
+def test_an_island_name_is_checked_once_at_load():
+    from p2p_diloco.config import IslandConfig
+
+    assert IslandConfig(name="island-3").name == "island-3"
+    for bad in ("", "x" * 33, "two\nlines", "caf\u00e9", " padded", 7):
+        with pytest.raises(ConfigError, match="island.name"):
+            IslandConfig(name=bad)
 
 
 def test_bootstrap_addresses_parse_and_derive_the_rendezvous():

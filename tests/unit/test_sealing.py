@@ -12,6 +12,7 @@ import msgpack
 import pytest
 
 from p2p_diloco.discovery.entries import MAX_BODY_BYTES, Entry, MemberTable, SigningKey
+from p2p_diloco.config import MAX_NAME_CHARS
 from p2p_diloco.discovery.records import MAX_ALONE_CHARS, IslandRecord
 from p2p_diloco.discovery.sealing import (
     HIDDEN, MAX_SEALED_BYTES, MIN_SEALED_BYTES, RecordSeal, Sealer, SealRefused, check_sealed, discovery_key
@@ -69,7 +70,8 @@ def test_the_largest_record_fits_the_bound_and_a_zmq_entry():
                        state="training", upload_bps=1.2345678901234567e300, download_bps=1.2345678901234567e300,
                        bytes_sent=2**62, bytes_received=2**62, last_partner="b" * 64, started_at=1.2345678901234567e300,
                        published_at=1.2345678901234567e300, timestamp=1.2345678901234567e300, model="0" * 16,
-                       refused=2**62, last_refused="c" * 64, alone="a" * MAX_ALONE_CHARS, fetches="f" * MAX_ALONE_CHARS)
+                       refused=2**62, last_refused="c" * 64, alone="a" * MAX_ALONE_CHARS, fetches="f" * MAX_ALONE_CHARS,
+                       name="n" * MAX_NAME_CHARS)
     entry = Entry.make(key, "r" * 64, "tcp://" + "h" * 240 + ":65535", time.time() + 60, big,
                        RecordSeal(SECRET, "r" * 64, "zmq"))
     assert len(entry.sealed) < MAX_SEALED_BYTES * 2 // 3 and len(entry.body) < MAX_BODY_BYTES

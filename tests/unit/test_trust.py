@@ -7,7 +7,6 @@ processes) are measured by `p2p-diloco bench attack` (BENCHMARKS.md).
 """
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -111,10 +110,11 @@ def test_a_resumed_time_bounded_island_keeps_its_learning_rate_schedule():
 def test_a_joiner_adopts_the_state_the_freshest_members_agree_on():
     """A member claiming the highest version with a poisoned state does not become every newcomer's start."""
     from p2p_diloco.core.outer import PartnerState
+    from p2p_diloco.discovery.records import IslandRecord
     from p2p_diloco.peers.state import Downloaded, _most_central
 
     def got(name, phi):
-        return Downloaded(SimpleNamespace(peer_id=name), PartnerState(phi=phi, m=None, version=9, tokens=9), 0, 0.0)
+        return Downloaded(IslandRecord(peer_id=name, endpoint="tcp://127.0.0.1:1"), PartnerState(phi=phi, m=None, version=9, tokens=9), 0, 0.0)
 
     initial = torch.randn(50_000) * 0.02
     honest = [initial + 0.01 * torch.randn_like(initial) for _ in range(2)]
