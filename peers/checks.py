@@ -93,7 +93,7 @@ class PartnerChecks:
                 return self.refuse(result.peer_id, "harmful: mixing it makes this island's probe loss non-finite", info)
             if effect is not None:
                 info["probe"] = round(effect, 5)
-                state = replace(state, cut=self.probe.cut(effect))
+                state = replace(state, cut=self.probe.cut(effect, result.peer_id))
         self.chooser.mixed(result.peer_id)
         return state, info
 

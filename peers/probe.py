@@ -11,7 +11,8 @@ applied as it would be (`a (phi_j - phi_i)` at the weight the bounds allow), and
 A state whose mix raises that loss by more than a tolerance (`FLOOR` of it, or half of what the
 island's own rounds lower it by lately, whichever is larger: early in a run honest mixes raise it by
 several percent, as much as a round of training lowers it) is mixed with its weight cut in
-proportion, so that it raises the loss by the tolerance at most: not refused, since an honest
+proportion, so that it raises the loss by the tolerance at most (half that for a partner cut the
+time before, a quarter after two cuts running, ...): not refused, since an honest
 partner trained on other data raises this island's loss as well (by 4-12% in `bench attack`'s
 `other-data` row), and must still be mixed. A mix that makes the loss non-finite is refused.
 
@@ -51,6 +52,8 @@ class EffectProbe:
         self.outer, self.loss = outer, loss
         self.seen: deque[tuple[float, float]] = deque()
         """(when, in the island's rounds; the probe loss then) over the last `WINDOW` rounds."""
+        self.strikes: dict[str, int] = {}
+        """Partners whose last mixes were cut, and how many in a row."""
 
     def _when(self) -> float:
         return self.outer.state.version + self.outer.round_steps / max(1, self.outer.cfg.local_steps)
@@ -90,9 +93,16 @@ class EffectProbe:
         self._saw(before)
         return (after - before) / before if math.isfinite(after) else math.inf
 
-    def cut(self, effect: float | None) -> float:
+    def cut(self, effect: float | None, peer: str) -> float:
         """The factor on the mix's weight that keeps its effect within the tolerance (1: none needed).
         Along the line from the running weights to the mixed ones the loss is about convex, so a
-        weight cut by `tolerance / effect` raises it by at most the tolerance."""
+        weight cut by `tolerance / effect` raises it by at most the tolerance. A partner whose mixes
+        were cut `n` times in a row is held to `2^-n` of the tolerance: an honest one is seldom cut
+        twice running, a stuck, reversed or other-data one each time."""
         bound = self.tolerance()
-        return 1.0 if effect is None or effect <= bound else bound / effect
+        if effect is None or effect <= bound:
+            self.strikes.pop(peer, None)
+            return 1.0
+        n = self.strikes.get(peer, 0)
+        self.strikes[peer] = n + 1
+        return bound / 2 ** n / effect

@@ -32,7 +32,8 @@ from p2p_diloco.terminal import leave_terminal
 
 EVAL_BATCH_SIZE = 16
 PROBE_BATCHES, PROBE_SEED = 1, 4321
-"""The held-out batch a partner's mix is judged on (`peers.probe`): another than the eval loss's."""
+"""The held-out batch a partner's mix is judged on (`peers.probe`): another than the eval loss's. Not
+on a torchrun island: rank 0 alone would run its model between the ranks' steps."""
 
 
 class _StopFlag:
@@ -106,7 +107,7 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
             probes = eval_batches(corpus.val, block, PROBE_BATCHES, EVAL_BATCH_SIZE, seed=PROBE_SEED)
             island = SwarmIsland(model, trainer.optimizer, diloco=diloco, network=network, discovery=discovery,
                                  island=cfg, eval_fn=lambda: evaluate(model, evals, train_cfg.precision),
-                                 probe_fn=lambda: evaluate(model, probes, train_cfg.precision),
+                                 probe_fn=None if group is not None else lambda: evaluate(model, probes, train_cfg.precision),
                                  extra_state=trainer, group=group, link=link, stopped=lambda: stop.signum is not None)
             seed = int.from_bytes(hashlib.sha256(island.peer_id.encode()).digest()[:4], "little")
             seed = seed if group is None else group.share(seed)

@@ -13,6 +13,11 @@ the default `NetworkConfig` (int8) and `DiLoCoConfig`, each piece timed alone:
   into fp32 and mixing it into the anchor and the running weights;
 - `outer_s`: `OuterLoop.end_round([])`: the outer Nesterov step and loading the new anchor.
 
+Apart from the round, after its memory was measured: `probe_s`, the probe of a partner's mix
+(`peers.probe`), against `step_s`, one inner step, both on one sequence of the model's block
+(`probe_vs_step`: a mix's probe in inner steps, since a probe batch and a training batch both hold
+16 sequences).
+
 Each is the median of `repeat` rounds (re-published and re-fetched every time); `clone_s`, one
 `phi.clone()` of the fp32 anchor (median of 3, a fresh clone each time), is the yardstick: a
 round's overhead is judged in copies of the state.
@@ -226,6 +231,35 @@ def fetch_encoded(endpoint: str, network: Any) -> Any:
         return fetcher.fetch(FETCH_TIMEOUT_S, decode=False)
 
 
+def probe_cost(model: Any, optimizer: Any, outer: Any, shape: dict[str, int], repeat: int = 2) -> dict[str, float]:
+    """One probe of a partner's mix (`peers.probe`: two evaluations and two passes over the weights)
+    against one inner step (forward, backward, AdamW), both on one sequence of the model's block,
+    side by side on the same model: the fastest of `repeat` each. A probe batch has as many
+    sequences as a training batch (16), so `probe_vs_step` is what a mix's probe costs in inner steps."""
+    import torch
+
+    from p2p_diloco.core.device import synchronize
+    from p2p_diloco.core.inner import evaluate
+    from p2p_diloco.core.outer import PartnerState
+    from p2p_diloco.peers.probe import EffectProbe
+
+    device = outer.state.phi.device
+    sync = functools.partial(synchronize, device)
+    x = torch.randint(shape["vocab_size"], (1, shape["block_size"] + 1), device=device)
+    batch = [(x[:, :-1], x[:, 1:])]
+    probe = EffectProbe(outer, lambda: evaluate(model, batch))
+    partner = PartnerState(outer.state.phi * 1.001, None, outer.state.version, outer.state.tokens)
+
+    def step() -> None:
+        model(*batch[0])[1].backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+
+    probe_s = min(_timed(lambda: probe.effect(partner), sync)[1] for _ in range(repeat))
+    step_s = min(_timed(step, sync)[1] for _ in range(repeat))
+    return {"probe_s": probe_s, "step_s": step_s, "probe_vs_step": probe_s / step_s}
+
+
 def clone_seconds(phi: Any, repeat: int = 3) -> float:
     """Median seconds of one fresh `phi.clone()` (each clone freed before the next), where `phi` lives."""
     from p2p_diloco.core.device import synchronize
@@ -256,7 +290,7 @@ def measure(params: int, threads: int = 1, repeat: int = REPEAT, exchange: str =
     torch.set_num_threads(threads)
     network, diloco, shape = NetworkConfig(), DiLoCoConfig(exchange=exchange), model_shape(params)
     where = resolve_device(device)
-    model, _optimizer = build_island(shape, where)  # its state stays alive through the measurement, as an island's
+    model, optimizer = build_island(shape, where)  # its state stays alive through the measurement, as an island's
     fp = fingerprint(model)
     partner = serve_partner(model, network, fp)
     gc.collect()
@@ -278,7 +312,8 @@ def measure(params: int, threads: int = 1, repeat: int = REPEAT, exchange: str =
     details = {"shape": shape, "threads": threads, "baseline_rss_bytes": meter.baseline,
                "peaks": {"outer_loop": setup_peak, **rounds[0]["peaks"]}, "rounds": rounds}
     peak = max([setup_peak, *(v for r in rounds for v in r["peaks"].values())])  # the steady state's rounds too
-    row = {"exchange": exchange, "device": str(where), **_row(n, clone_s, rounds, peak)}
+    row = {"exchange": exchange, "device": str(where), **_row(n, clone_s, rounds, peak),
+           **probe_cost(model, optimizer, outer, shape)}  # (after the memory was measured)
     if device_baseline is not None:
         row["device_peak_extra_bytes"] = peak_memory_bytes(where) - device_baseline
     if meter.method != "clear_refs":

@@ -12,7 +12,8 @@ from p2p_diloco.cli import main
 
 KEYS = {"exchange": str, "device": str, "params": int, "state_bytes": int, "clone_s": float, "publish_s": float, "fetch_s": float, "mix_s": float,
         "outer_s": float, "overhead_s": float, "peak_extra_bytes": int, "overhead_per_param_ns": float,
-        "overhead_vs_clone": float, "peak_extra_vs_state": float}
+        "overhead_vs_clone": float, "peak_extra_vs_state": float, "probe_s": float, "step_s": float,
+        "probe_vs_step": float}
 
 
 @pytest.mark.timeout(60)
@@ -30,6 +31,7 @@ def test_one_small_size_gives_a_consistent_row():
     assert row["overhead_per_param_ns"] == pytest.approx(row["overhead_s"] / row["params"] * 1e9)
     assert row["overhead_vs_clone"] == pytest.approx(row["overhead_s"] / row["clone_s"])
     assert row["peak_extra_vs_state"] == pytest.approx(row["peak_extra_bytes"] / row["state_bytes"])
+    assert row["probe_vs_step"] == pytest.approx(row["probe_s"] / row["step_s"])
     # the island adds at least its anchor and momentum (2 x state) to what it held before the round
     assert row["peak_extra_bytes"] >= 2 * row["state_bytes"]
 

@@ -65,10 +65,13 @@ def test_an_honest_mix_is_left_as_it_is_and_stuck_training_s_is_cut(trained):
     now, loss = probe.seen[-1]
     probe.seen.appendleft((now - 1.0, loss))
     assert probe.tolerance() == FLOOR
-    assert honest < FLOOR / 2 and probe.cut(honest) == 1.0
-    assert stuck > 2 * FLOOR and probe.cut(stuck) == pytest.approx(FLOOR / stuck)
-    cut = replace(_state(a, initial, b.state.m), cut=probe.cut(stuck))
+    assert honest < FLOOR / 2 and probe.cut(honest, "b") == 1.0
+    assert stuck > 2 * FLOOR and probe.cut(stuck, "stuck") == pytest.approx(FLOOR / stuck)
+    cut = replace(_state(a, initial, b.state.m), cut=FLOOR / stuck)
     assert probe.effect(cut) <= FLOOR * 1.05  # the loss is about convex along the mix: the cut keeps the bound
+    assert probe.cut(stuck, "stuck") == pytest.approx(FLOOR / 2 / stuck)  # cut twice running: half the bound
+    assert probe.cut(stuck, "stuck") == pytest.approx(FLOOR / 4 / stuck)
+    assert probe.cut(honest, "stuck") == 1.0 and probe.cut(stuck, "stuck") == pytest.approx(FLOOR / stuck)
 
 
 def test_the_tolerance_follows_the_island_s_own_progress():
@@ -99,4 +102,4 @@ def test_the_probe_leaves_the_running_weights_and_the_bound_count_as_they_were(t
 def test_nothing_to_judge_when_the_state_would_not_be_mixed(trained):
     a, b, _, probe = trained
     too_stale = PartnerState(b.state.phi, b.state.m, a.state.version - 100, a.state.tokens)
-    assert probe.effect(too_stale) is None and probe.cut(None) == 1.0
+    assert probe.effect(too_stale) is None and probe.cut(None, "b") == 1.0
