@@ -35,12 +35,15 @@ def test_bench_gpu_runs_on_the_cpu_and_reports_every_figure(procs, tmp_path):
     assert vocab == 256 and len(tokens) > 100_000 and int(tokens.max()) < 256
     assert len(out["islands"]) == 2
     for island in out["islands"]:
-        assert island["tokens"] == 4 * 4 * 4 * 128 and island["rounds"] == 4, island
+        # the token budget exactly; a round may be stretched while the partner is behind (DESIGN, `max_stretch`)
+        assert island["tokens"] == 4 * 4 * 4 * 128 and 1 <= island["rounds"] <= 4, island
         assert island["tokens_per_s"] > 0, island
         assert math.isfinite(island["loss_start"]) and math.isfinite(island["loss_end"]), island
         assert island["loss_end"] < island["loss_start"] < 5.6, island  # ln(256) = 5.55 at the start
-        assert island["mixes"] >= 1, island  # 4 rounds: each island mixed its partner at least once
         assert island["peak_device_bytes"] is None  # no CUDA: torch keeps no count on the CPU
+    # mixed: on a loaded machine one island may start its first round after the other's last (the
+    # suite's first minutes), and then only the first one mixes (its final mix)
+    assert sum(island["mixes"] for island in out["islands"]) >= 1 and all(island["mixes"] >= 0 for island in out["islands"])
     r = out["round"]
     assert r["device"] == "cpu" and r["overhead_s"] > 0 and r["clone_s"] > 0
     assert r["overhead_vs_clone"] == pytest.approx(r["overhead_s"] / r["clone_s"])
