@@ -42,3 +42,12 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
     "gpt2-small": {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024},
 }
 """Named shapes of the project's GPT (`p2p_diloco.core.model`)."""
+
+MAX_NAME_CHARS = 32
+"""The longest island name (`IslandConfig.name`, the `name` of its discovery record)."""
+
+
+def valid_name(name: object) -> bool:
+    """An island name: 1 to `MAX_NAME_CHARS` printable ASCII characters, not starting or ending with a space."""
+    return (isinstance(name, str) and 0 < len(name) <= MAX_NAME_CHARS and name.isascii() and name.isprintable()
+            and name == name.strip())

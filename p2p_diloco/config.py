@@ -22,8 +22,8 @@ from typing import Any
 
 from p2p_diloco import addresses
 from p2p_diloco.choices import (  # noqa: F401 - importers take these from p2p_diloco.config too
-    CODECS, DEVICE_RE, DEVICES_HELP, DHT_PORT_OFFSET, DISCOVERY_KINDS, EXCHANGES, MODEL_PRESETS, MOMENTUM_MODES,
-    PRECISIONS, PX_PORT_OFFSET, REACH_MODES, UPDATE_CODECS, WIRE_CODECS
+    CODECS, DEVICE_RE, DEVICES_HELP, DHT_PORT_OFFSET, DISCOVERY_KINDS, EXCHANGES, MAX_NAME_CHARS, MODEL_PRESETS,
+    MOMENTUM_MODES, PRECISIONS, PX_PORT_OFFSET, REACH_MODES, UPDATE_CODECS, WIRE_CODECS, valid_name
 )
 from p2p_diloco.errors import ConfigError
 
@@ -184,14 +184,6 @@ class DiLoCoConfig:
 
 
 _RUN_ID_RE = r"^[A-Za-z0-9_-]{1,64}$"
-MAX_NAME_CHARS = 32
-"""The longest island name (`IslandConfig.name`, the `name` of its discovery record)."""
-
-
-def valid_name(name: object) -> bool:
-    """An island name: 1 to `MAX_NAME_CHARS` printable ASCII characters, not starting or ending with a space."""
-    return (isinstance(name, str) and 0 < len(name) <= MAX_NAME_CHARS and name.isascii() and name.isprintable()
-            and name == name.strip())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -261,9 +253,9 @@ class DiscoveryConfig:
         _require(self.announce_host is not None or self.host not in ("0.0.0.0", "::"), s, "announce_host",
                  "set when host is a wildcard address (others cannot dial 0.0.0.0)", self.announce_host)
         _require(0 < self.connect_timeout <= 600, s, "connect_timeout", "in (0, 600] seconds", self.connect_timeout)
-        patience = self.join_timeout
-        _require(patience is None or (isinstance(patience, (int, float)) and not isinstance(patience, bool) and patience > 0),
-                 s, "join_timeout", "> 0 seconds or unset", patience)
+        t = self.join_timeout
+        _require(t is None or (not isinstance(t, bool) and isinstance(t, (int, float)) and t > 0), s, "join_timeout",
+                 "> 0 seconds or unset", t)
         _require(self.secret is None or (isinstance(self.secret, str) and len(self.secret) > 0), s, "secret",
                  "unset or a non-empty string", "<hidden>")
 
