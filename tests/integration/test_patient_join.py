@@ -60,7 +60,7 @@ def test_an_island_started_before_its_rendezvous_joins_once_it_is_up(caplog):
         membership = joined[0]
         assert membership.bootstrap_nodes == {address: "test-node"}
         announce(membership, 7001)
-        wait_until(lambda: membership.peer_id in server.tables.get("late", {}).records(time.time()), 10,
+        wait_until(lambda: "late" in server.tables and membership.peer_id in server.tables["late"].records(time.time()), 10,
                    "the rendezvous to list the island")
         membership.leave()
         membership.shutdown()
