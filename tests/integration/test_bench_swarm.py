@@ -22,6 +22,7 @@ def test_bench_swarm_repeats_the_swarm_and_averages_its_runs(procs, tmp_path):
     assert proc.returncode == 0
     out = json.loads(stdout.strip().splitlines()[-1])
     assert out["runs"] == 2 and len(out["per_run"]) == 2 and out["tokens"] == 40960
+    finals = []
     for k, run in enumerate(out["per_run"]):
         assert run["workdir"] == str(tmp_path / f"run-{k}")
         assert run["tokens_per_island"] == [20480, 20480]
@@ -31,9 +32,12 @@ def test_bench_swarm_repeats_the_swarm_and_averages_its_runs(procs, tmp_path):
         # not bytes_moved > 0: in 2 rounds at most one fetch lands per run, and one run in five measured had none
         # the budget spent, the islands mix a partner's last state before the final checkpoint (the one that
         # finishes last may find its partner closing: a row with the fetch's error and weight 0)
-        finals = [row["final_mix"] for n in ("island-0", "island-1") for row in read_metrics(Path(run["workdir"]) / n)
-                  if "final_mix" in row]
-        assert any(f["weight"] > 0 for f in finals), finals
+        finals += [row["final_mix"] for n in ("island-0", "island-1") for row in read_metrics(Path(run["workdir"]) / n)
+                   if "final_mix" in row]
+    # (over both runs: in one, on a loaded machine, an island can finish its 2 rounds while the other is still
+    # in its first, so its final fetch finds a state too far behind and the other's finds it closing)
+    assert finals and all("weight" in f for f in finals), finals
+    assert any(f["weight"] > 0 for f in finals), finals
     # the swarm and both simulations learned, and the swarm lands near its simulation and data parallel
     # (measured: 4.27 for the swarm, 4.26 simulated, 4.29 data parallel)
     for key in ("swarm_eval_loss", "sim_gossip_eval_loss", "dp_eval_loss"):

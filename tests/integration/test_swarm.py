@@ -193,7 +193,7 @@ def test_islands_that_exchange_public_state_updates_learn_on_a_fraction_of_the_b
 
 
 def test_auto_fetches_whole_states_on_a_fast_link_and_updates_on_a_slow_one(procs, tmp_path):
-    """`--exchange auto`: on loopback every fetch takes the whole state; at an emulated 1 Mbit/s a
+    """`--exchange auto`: on loopback fetches take the whole state; at an emulated 1 Mbit/s a
     whole state (~180 kB) takes several rounds, so the first one gives way after its probe and every
     later fetch takes updates (~20 kB), said once, with why, in the log."""
     _, entry = start_bootstrap(procs, tmp_path)
@@ -212,8 +212,12 @@ def test_auto_fetches_whole_states_on_a_fast_link_and_updates_on_a_slow_one(proc
         isl.signal(signal.SIGTERM)
     for isl in fast:
         s = isl.summary(60, expect=143)
-        assert s["fetched"]["state"] >= 3 and s["fetched"]["updates"] == 0 and s["mixes"] >= 3, s
-        assert "fetches public-state updates now" not in isl.tail(100_000)
+        # (on a loaded machine a partner starved of CPU can serve one fetch slowly enough to give way; the
+        # next rate measured takes the island back to whole states, which it says: CI saw 1 in 154)
+        assert s["fetched"]["state"] >= 3 and s["fetched"]["updates"] <= s["fetched"]["state"] // 20, s
+        assert s["mixes"] >= 3, s
+        log = isl.tail(100_000)
+        assert log.count("fetches public-state updates now") == log.count("fetches whole states now"), log[-3000:]
     for isl in slow:
         s = isl.summary(60, expect=143)
         # (the first whole state gives way once two of its three chunks showed the rate, unless its last

@@ -52,7 +52,13 @@ def test_torchrun_island_joins_a_plain_island(procs, tmp_path):
     plain_id = plain.peer_id
     steps = [r["steps"] for r in group.rounds()]
     assert len(steps) == 10 and min(steps) >= 8  # H steps a round, more while it ran ahead of the plain island
-    assert s_group["tokens"] == 2 * sum(steps) * 8 * 64  # two ranks: twice the tokens per step
+    per_step = 2 * 8 * 64  # two ranks: twice the tokens per step
+    if "catching up from the freshest members" in group.tail(200_000):
+        # (started behind on a loaded machine: the steps of the round a catch-up replaced were trained on, so
+        # they count as tokens, but not as that round's steps)
+        assert s_group["tokens"] % per_step == 0 and s_group["tokens"] >= per_step * sum(steps), s_group
+    else:
+        assert s_group["tokens"] == per_step * sum(steps), s_group
     first = group.rounds()[0]
     assert first["version"] > 1, "the torchrun island started from scratch instead of the swarm's state"
     assert s_group["initial_loss"] < 4.5  # its first evaluation already saw the swarm's trained state (ln 256 = 5.55)
