@@ -23,11 +23,11 @@ from p2p_diloco.core.device import pinned_buffer, to_host
 from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.modes import Exchange
 from p2p_diloco.core.params import weights_digest
-from p2p_diloco.core.public import PublicCopies, PublicState
+from p2p_diloco.core.public import PublicCopies, PublicCopy, PublicState
 from p2p_diloco.exchange.public_views import PublicView
 from p2p_diloco.exchange.server import SnapshotServer
 from p2p_diloco.peers.identity import Identity
-from p2p_diloco.peers.plausibility import measure
+from p2p_diloco.peers.plausibility import Measured, measure
 
 
 class Publisher:
@@ -79,7 +79,13 @@ class Publisher:
             return {}
         initial = self.outer.state.phi.detach().cpu().clone()
         return {"copies": PublicCopies(initial=initial),
-                "measure_public": lambda copy: measure(self.outer.state.phi, copy.pub, self.outer.state.m, base=self.public.pub)}
+                "measure_public": self._measure_public}
+
+    def _measure_public(self, copy: PublicCopy) -> Measured:
+        """`pub_partner - pub_own` measured against the anchor (on the gossip worker's thread: the
+        public state is not changed meanwhile)."""
+        with self.server.public.changing():
+            return measure(self.outer.state.phi, copy.pub, self.outer.state.m, base=self.public.pub)
 
     def restart_public(self) -> None:
         """After the anchor jumped (a catch-up adopted another state): the next publish starts a new
@@ -87,13 +93,15 @@ class Publisher:
         self.public = None
 
     def _advance_public(self, anchor: torch.Tensor) -> None:
-        """The first publish starts the public state at the anchor; each later one sends an update."""
-        if self.public is None:  # (the run's initial weights name the run: `run` is their digest)
-            self.public = PublicState(anchor, self.exchange.update_codec,
-                                      from_init=self.outer.state.version == 0 and weights_digest(anchor) == self.identity.run)
-        else:
-            self.public.advance(anchor)
-        p, s = self.public, self.outer.state
-        self.server.publish_public(PublicView(chain=p.chain, version=p.version, pub=p.pub, updates=tuple(p.updates),
-                                              outer_version=s.version, tokens=s.tokens, meta=self.identity.meta(),
-                                              digest=weights_digest(p.pub), from_init=p.from_init))
+        """The first publish starts the public state at the anchor; each later one sends an update,
+        applied in place while the server packs no whole copy of it (`PublicViews.changing`)."""
+        with self.server.public.changing():
+            if self.public is None:  # (the run's initial weights name the run: `run` is their digest)
+                at_init = self.outer.state.version == 0 and weights_digest(anchor) == self.identity.run
+                self.public = PublicState(anchor, self.exchange.update_codec, from_init=at_init)
+            else:
+                self.public.advance(anchor)
+            p, s = self.public, self.outer.state
+            self.server.publish_public(PublicView(chain=p.chain, version=p.version, pub=p.pub, updates=tuple(p.updates),
+                                                  outer_version=s.version, tokens=s.tokens, meta=self.identity.meta(),
+                                                  digest=weights_digest(p.pub), from_init=p.from_init))

@@ -65,19 +65,32 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
         return x.to(torch.float16).view(torch.uint8)
     if codec == "sign":
         return _encode_sign(x)
+    n_blocks = math.ceil(x.numel() / INT8_BLOCK)
+    out = torch.empty(encoded_nbytes(x.numel(), codec), dtype=torch.uint8)
+    _encode_blocks(x, codec, out[: 4 * n_blocks].view(torch.float32), out[4 * n_blocks:])
+    return out
+
+
+def _encode_blocks(x: torch.Tensor, codec: str, scales_out: torch.Tensor, codes_out: torch.Tensor) -> None:
+    """int8 or int4 of the flat fp32 `x`: its blocks' scales into `scales_out` (fp32) and its codes into
+    `codes_out` (uint8), both sized for `x`."""
     n = x.numel()
     n_blocks = math.ceil(n / INT8_BLOCK)
-    padded = torch.zeros(n_blocks * INT8_BLOCK, dtype=torch.float32)
-    padded[:n] = x
+    padded = x
+    if n % INT8_BLOCK:  # (only the last block of a state is partial: no copy for the others)
+        padded = torch.zeros(n_blocks * INT8_BLOCK, dtype=torch.float32)
+        padded[:n] = x
     blocks = padded.view(n_blocks, INT8_BLOCK)  # (n_blocks, INT8_BLOCK)
     top = _CODE_MAX[codec]
-    scales = blocks.abs().amax(dim=1) / top  # (n_blocks,)
-    safe = torch.where(scales > 0, scales, torch.ones_like(scales))
-    codes = torch.round(blocks / safe[:, None]).clamp_(-top, top)
+    # the blocks' largest magnitudes without a copy of their absolute values; then the codes, in place
+    torch.maximum(blocks.amax(dim=1), blocks.amin(dim=1).neg_(), out=scales_out).div_(top)
+    safe = torch.where(scales_out > 0, scales_out, torch.ones_like(scales_out))
+    codes = torch.div(blocks, safe[:, None]).round_().clamp_(-top, top)
     if codec == "int8":
-        return torch.cat([scales.view(torch.uint8), codes.to(torch.int8).view(-1)[:n].view(torch.uint8)])
-    nibbles = (codes.view(-1)[: n + n % 2] + 8).to(torch.uint8)  # 1..15 (the pad nibble of an odd count: 8)
-    return torch.cat([scales.view(torch.uint8), nibbles[0::2] | (nibbles[1::2] << 4)])
+        codes_out.view(torch.int8).copy_(codes.view(-1)[:n])
+        return
+    nibbles = codes.view(-1)[: n + n % 2].add_(8).to(torch.uint8)  # 1..15 (the pad nibble of an odd count: 8)
+    torch.bitwise_or(nibbles[0::2], nibbles[1::2] << 4, out=codes_out)
 
 
 SIGN_CHUNK = INT8_BLOCK * 8 * 512
@@ -247,10 +260,14 @@ def encode_into(dst: torch.Tensor, x: torch.Tensor, codec: str, chunk: int = 1 <
     flat = x.detach().reshape(-1)
     for i in range(0, n, chunk):
         j = min(i + chunk, n)
-        enc = encode(flat[i:j].contiguous(), codec)
-        b = math.ceil((j - i) / INT8_BLOCK)
-        scales[i // INT8_BLOCK : i // INT8_BLOCK + b].copy_(enc[: 4 * b].view(torch.float32))
-        codes[i // per_byte : i // per_byte + enc.numel() - 4 * b].copy_(enc[4 * b :])
+        scales_out = scales[i // INT8_BLOCK : math.ceil(j / INT8_BLOCK)]
+        codes_out = codes[i // per_byte : math.ceil(j / per_byte)]
+        if codec == "sign":
+            enc = _encode_sign(flat[i:j].contiguous())
+            scales_out.copy_(enc[: 4 * scales_out.numel()].view(torch.float32))
+            codes_out.copy_(enc[4 * scales_out.numel():])
+        else:
+            _encode_blocks(flat[i:j].contiguous(), codec, scales_out, codes_out)
 
 
 def rounding_error(v: "EncodedVector") -> float:

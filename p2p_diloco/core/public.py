@@ -57,14 +57,13 @@ def encode_update(pub: torch.Tensor, anchor: torch.Tensor, codec: str) -> Encode
     return EncodedVector(codecs.encode_difference(flat, pub, codec).clone(), codec, flat.numel())
 
 
-def applied(pub: torch.Tensor, update: EncodedVector) -> torch.Tensor:
-    """`pub` plus the decoded `update`, as a new tensor (the one published before may still be served),
-    decoded a slice at a time."""
-    out = torch.empty_like(pub)
+def apply_(pub: torch.Tensor, update: EncodedVector) -> torch.Tensor:
+    """Add the decoded `update` to `pub` in place, a slice at a time (no whole-state temporary, and no
+    fresh pages to fault in every round: BENCHMARKS.md, "Slow links"); returns `pub`."""
     for start in range(0, pub.numel(), APPLY_CHUNK):
         end = min(start + APPLY_CHUNK, pub.numel())
-        torch.add(pub[start:end], update[start:end].float(), out=out[start:end])
-    return out
+        pub[start:end] += update[start:end].float()
+    return pub
 
 
 class PublicState:
@@ -83,9 +82,11 @@ class PublicState:
         self.updates: deque[EncodedVector] = deque(maxlen=keep or worth_keeping(self.pub.numel(), codec))
 
     def advance(self, anchor: torch.Tensor) -> EncodedVector:
-        """Encode the anchor's difference from the public state, apply it, keep it; the update."""
+        """Encode the anchor's difference from the public state, apply it (in place: whoever reads
+        `pub` while it changes, as a server packing it whole, holds the lock its owner changes it
+        under, `exchange.public_views.PublicViews.changing`), keep it; the update."""
         update = encode_update(self.pub, anchor, self.codec)
-        self.pub = applied(self.pub, update)
+        apply_(self.pub, update)
         self.version += 1
         self.updates.append(update)
         return update
@@ -150,7 +151,7 @@ class PublicCopies:
             if u.numel() != copy.pub.numel():
                 raise CodecError(f"an update of {u.numel()} values for a public state of {copy.pub.numel()}")
         for u in updates:
-            copy.pub += u.float()
+            apply_(copy.pub, u)
         copy.version += len(updates)
         self._copies.move_to_end(peer)
         return copy

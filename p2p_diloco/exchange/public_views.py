@@ -9,12 +9,18 @@ The manifest's meta says which: `pub_chain`, `pub_version` and `pub_digest` (of 
 after them, so a receiver notices a copy that drifted) always, `pub_from` (the version the
 updates start from) only for updates. Packed answers are cached per starting version until the
 next publish, and kept by sid a little longer for fetches still reading them.
+
+The island changes its public state in place (`core.public.apply_`): it does so, and hands over the
+next view, under `changing()`, and the public state is packed whole under the same lock, from the
+view current then; so a whole answer is never torn, nor labelled with another version.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,9 +73,16 @@ class PublicViews:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._changing = threading.Lock()
         self._view: PublicView | None = None
         self._current: dict[int | None, payload.Published] = {}  # by the version an answer starts from
         self._by_sid: OrderedDict[int, payload.Published] = OrderedDict()
+
+    @contextmanager
+    def changing(self) -> Iterator[None]:
+        """Held while the island changes its public state in place and publishes the next view."""
+        with self._changing:
+            yield
 
     def publish(self, view: PublicView) -> None:
         with self._lock:
@@ -90,6 +103,17 @@ class PublicViews:
             start = view.start(hello.chain, hello.since)
             if start in self._current:
                 return self._current[start]
+        if start is not None:  # updates: immutable
+            return self._pack(view, start)
+        with self._changing:  # the public state whole, as of the view current now
+            with self._lock:
+                view = self._view
+                start = view.start(hello.chain, hello.since)
+                if start in self._current:
+                    return self._current[start]
+            return self._pack(view, start)
+
+    def _pack(self, view: PublicView, start: int | None) -> payload.Published:
         tensors, extra = view.tensors(start)
         manifest, buf = payload.pack(tensors, "fp32", version=view.outer_version, tokens=view.tokens,
                                      meta={**view.meta, **extra})

@@ -124,8 +124,13 @@ class SnapshotServer:
         return manifest
 
     def publish_public(self, view: PublicView) -> None:
-        """Serve `view` to clients that ask for the public state (`hello.pub`) from now on."""
+        """Serve `view` to clients that ask for the public state (`hello.pub`) from now on; an island
+        that changes the public state in place does it, and this, under `public.changing()`."""
         self._public.publish(view)
+
+    @property
+    def public(self) -> PublicViews:
+        return self._public
 
     def stats(self) -> dict[str, Any]:
         """Counters for the dashboard: requests, bytes sent, rejections by reason, upload rate."""

@@ -189,3 +189,34 @@ def test_a_server_keeps_old_answers_within_a_bound():
     kept = [sid for sid in sids if views.by_sid(sid) is not None]
     assert sids[-1] in kept and len(kept) <= 3  # the current one, and two whole states' worth of old ones
     assert public_views.KEEP_PACKED >= len(kept)
+
+
+def test_a_whole_answer_is_packed_from_a_public_state_that_does_not_change_under_it():
+    """The island applies an update in place under `changing()`: a client asking for the public state
+    whole meanwhile waits, then gets the state after the update, labelled with its version."""
+    import threading
+
+    from p2p_diloco.exchange.public_views import PublicViews
+
+    def view() -> PublicView:  # (as the island's: the public state itself, not a copy)
+        return PublicView(chain=sender.chain, version=sender.version, pub=sender.pub, updates=tuple(sender.updates),
+                          outer_version=sender.version, tokens=1, meta={"peer_id": "s"})
+
+    sender, views = PublicState(torch.zeros(N), "sign"), PublicViews()
+    views.publish(view())
+    answers = []
+    with views.changing():
+        asker = threading.Thread(target=lambda: answers.append(views.answer(wire.Hello(rid=1, pub=True))))
+        asker.start()
+        asker.join(0.3)
+        assert asker.is_alive()  # it waits for the change to end
+        pub_before = sender.pub
+        sender.advance(torch.full((N,), 2.0))
+        assert sender.pub is pub_before  # (changed in place: no new state-sized tensor per round)
+        views.publish(view())
+    asker.join(10)
+    (answer,) = answers
+    assert answer.manifest.meta["pub_version"] == sender.version == 1
+    (spec,) = answer.manifest.tensors
+    got = torch.frombuffer(bytearray(answer.view[spec.offset:spec.offset + spec.nbytes]), dtype=torch.float32)
+    assert torch.equal(got, sender.pub) and not torch.equal(got, torch.zeros(N))
