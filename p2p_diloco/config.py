@@ -154,10 +154,12 @@ class DiLoCoConfig:
     final_mix: bool = True
     """When the island's budget is spent, fetch one partner's last state and mix it before the
     final checkpoint (one more fetch per run; BENCHMARKS.md, "When a partner's state is mixed")."""
-    exchange: str = "state"
-    """What an island sends: its whole `state` each round, or `updates` of a public state that follows
-    its anchor, compressed with error feedback (`core.public`; an island then fetches the next member
-    in the ring of peer ids, so it lacks one update per round, and keeps its momentum local)."""
+    exchange: str = "auto"
+    """What an island fetches: `auto` (whole states while one moves in a small share of a round over
+    the link it measures, else updates: `core.linkfit`), its partners' whole `state` every time, or
+    `updates` of a public state that follows each one's anchor, compressed with error feedback
+    (`core.public`; an island then fetches the next member in the ring of peer ids, so it lacks one
+    update per round, and keeps its momentum local). `auto` and `updates` also keep a public state."""
     update_codec: str = "sign"
     """Codec of the updates with `exchange="updates"`: `sign` or `int4` (`UPDATE_CODECS`)."""
     offload_outer: bool = False

@@ -79,7 +79,8 @@ class Simulation:
                  corpus: Corpus, progress=None) -> None:
         self.sim, self.model_cfg, self.diloco, self.corpus = sim, model_cfg, diloco, corpus
         if exchange_mode(diloco.exchange, diloco.update_codec).updates and sim.mix_delay != 1:
-            raise ConfigError("diloco.exchange='updates' is simulated with mix_delay 1 only")
+            raise ConfigError(f"diloco.exchange={diloco.exchange!r} (a public state) is simulated with mix_delay 1 "
+                              "only; --exchange state for another mix_delay")
         self.block = model_cfg.resolved()["block_size"]
         self.step_tokens = train_cfg.batch_size * self.block
         steps_per_island = max(1, sim.tokens // (sim.islands * self.step_tokens))

@@ -46,7 +46,7 @@ def test_allreduce_islands_stay_identical(corpus):
 
 
 def test_two_islands_fresh_symmetric_mixing_end_identical(corpus):
-    d = DiLoCoConfig(local_steps=5)
+    d = DiLoCoConfig(local_steps=5, exchange="state")  # (a public state is simulated with mix_delay 1 only)
     r = run(corpus, "gossip", d, islands=2, mix_delay=0, compression="fp32")
     assert r.per_island[0] == r.per_island[1]
 
@@ -84,8 +84,9 @@ def test_cli_json_shape():
     out = json.loads(res.stdout)
     assert set(out["methods"]) == {"gossip", "dp"}
     keys = {"eval_loss", "eval_loss_worst", "eval_loss_consensus", "tokens", "bytes_sent_per_island", "virtual_seconds",
-            "utilization", "mixes_per_round"}
+            "utilization", "mixes_per_round", "fetches"}  # (`fetches`: what `--exchange auto`, the default, fetched)
     assert set(out["methods"]["gossip"]) == keys and out["methods"]["dp"]["mixes_per_round"] is None
+    assert out["methods"]["gossip"]["fetches"]["updates"] == 0  # (a link of 1 Gbit/s: whole states)
     assert 0 < out["methods"]["gossip"]["mixes_per_round"] <= 1
     assert out["config"]["sim"]["islands"] == 4
     assert out["config"]["sim"]["step_seconds"] == SimConfig.step_seconds
@@ -179,9 +180,9 @@ def test_auto_fetches_whole_states_on_a_fast_link_and_updates_on_a_slow_one(corp
     d, at = DiLoCoConfig(local_steps=5, exchange="auto", final_mix=False), {"step_seconds": 0.05, "tokens": LONG}
     fast, slow = run(corpus, "gossip", d, **at), run(corpus, "gossip", d, bandwidth_mbps=0.25, **at)
     assert fast.fetches["updates"] == fast.fetches["gave_way"] == fast.fetches["changes"] == 0
-    assert fast.as_dict() | {"fetches": None} == run(corpus, "gossip", DiLoCoConfig(local_steps=5, final_mix=False),
-                                                     **at).as_dict() | {"fetches": None}  # the same as `state`
+    state = DiLoCoConfig(local_steps=5, final_mix=False, exchange="state")
+    assert fast.as_dict() | {"fetches": None} == run(corpus, "gossip", state, **at).as_dict() | {"fetches": None}
     assert slow.fetches["gave_way"] == slow.fetches["changes"] == 4 and slow.fetches["state"] == 0
-    states = run(corpus, "gossip", DiLoCoConfig(local_steps=5, final_mix=False), bandwidth_mbps=0.25, **at)
+    states = run(corpus, "gossip", state, bandwidth_mbps=0.25, **at)
     assert slow.fetches["updates"] > 10 and slow.mixes_per_round > 1.5 * states.mixes_per_round
     assert slow.bytes_sent_per_island < fast.bytes_sent_per_island / 4
