@@ -70,7 +70,7 @@ def join(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
                       scheduler, diloco=diloco, network=network, discovery=discovery, island=island, eval_fn=eval_fn,
                       extra_state=extra_state, tokens_per_step=tokens_per_step, group=group, probe_fn=probe_fn)
     if full is not None:
-        gather_on_read(out, group, full)
+        gather_on_read(out.outer, group, full)
     return out
 
 

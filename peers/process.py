@@ -117,7 +117,7 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
                                  probe_fn=None if group is not None else lambda: evaluate(model, probes, train_cfg.precision),
                                  extra_state=trainer, group=group, link=link, stopped=lambda: stop.signum is not None)
             if full is not None:
-                gather_on_read(island, group, full)
+                gather_on_read(island.outer, group, full)
             seed = int.from_bytes(hashlib.sha256(island.peer_id.encode()).digest()[:4], "little")
             seed = seed if group is None else group.share(seed)
             if on_island is not None:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.params import ParamSlices, named_trainable
 from p2p_diloco.errors import ConfigError, ModelError
 from p2p_diloco.peers.distributed import IntraIsland
@@ -189,6 +190,6 @@ def shard_island(group: IntraIsland, model: nn.Module, full_model: nn.Module | N
     return full_model if group.rank == 0 else None
 
 
-def gather_on_read(island: Any, group: IntraIsland, full_model: nn.Module) -> None:
-    """Rank 0: `island` (a `SwarmIsland` over `full_model`) gathers the ranks' weights before reading them."""
-    island.outer.slices = GatheredSlices(full_model, group)
+def gather_on_read(outer: OuterLoop, group: IntraIsland, full_model: nn.Module) -> None:
+    """Rank 0: `outer` (a `SwarmIsland`'s, over `full_model`) gathers the ranks' weights before reading them."""
+    outer.slices = GatheredSlices(full_model, group)
