@@ -12,8 +12,12 @@ every rank takes the new anchor (`NEW_ROUND`). No networking: the exchange's mem
 both ways (`bench round` measures it).
 
 Each rank reports the bytes it holds: parameters, gradients and optimizer state (its shards' when
-sharded), rank 0's outer state and full copy, their sum (`held_bytes`), its peak RSS (`ru_maxrss`)
-and that minus the RSS after `import torch` (`peak_extra_bytes`), and the median inner step.
+sharded), rank 0's outer state and full copy, and their sum (`held_bytes`); its RSS's peak above
+the RSS after `import torch` while it built everything (`setup_peak_bytes`: every rank builds the
+model whole before sharding it, as `join` does, so islands of one run start from the same weights)
+and while it trained and ended rounds (`train_peak_bytes`: activations, FSDP's gathered blocks and
+buffers included), both from the kernel's VmHWM reset between them (`bench round`'s `PeakMeter`);
+the process's `ru_maxrss`; and the median inner step.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ def worker(way: str, preset: str, steps: int, rounds: int, batch: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from p2p_diloco.bench.round import rss_bytes
+    from p2p_diloco.bench.round import PeakMeter
     from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
     from p2p_diloco.core.inner import InnerLoop
     from p2p_diloco.core.island import OuterLoop
@@ -49,7 +53,7 @@ def worker(way: str, preset: str, steps: int, rounds: int, batch: int) -> None:
     from p2p_diloco.peers.sharding import FullyShard, gather_on_read, local_numel, shard_island, sharding
 
     torch.set_num_threads(1)
-    base = rss_bytes()
+    meter = PeakMeter()  # the RSS after `import torch` is its baseline
     group = IntraIsland.init_from_env(torch.device("cpu"))
     strategy = sharding(way, group.world)
     cfg = ModelConfig(size=preset)
@@ -67,6 +71,7 @@ def worker(way: str, preset: str, steps: int, rounds: int, batch: int) -> None:
     else:
         follower = RankFollower(model, group)
     block = cfg.resolved()["block_size"]
+    setup_peak = meter.take()  # building the model whole (every rank), sharding it, rank 0's copy and outer state
     gen = torch.Generator().manual_seed(group.rank)
     times = []
     for _ in range(rounds):
@@ -92,11 +97,11 @@ def worker(way: str, preset: str, steps: int, rounds: int, batch: int) -> None:
                                      if isinstance(v, torch.Tensor) and v.dim() > 0),
            "outer_bytes": 0 if outer is None else _bytes([outer.state.phi, outer.state.m]),
            "full_copy_bytes": 0 if full is None else _bytes(full.parameters()),
+           "setup_peak_bytes": setup_peak, "train_peak_bytes": meter.take(), "meter": meter.method,
            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
            "step_s": statistics.median(times)}
     row["held_bytes"] = sum(row[k] for k in ("param_bytes", "grad_bytes", "optimizer_bytes", "outer_bytes",
                                              "full_copy_bytes"))
-    row["peak_extra_bytes"] = row["peak_rss_bytes"] - base
     rows = [None] * group.world
     dist.all_gather_object(rows, row)
     if group.rank == 0:
