@@ -28,7 +28,7 @@ from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.peers.distributed import IntraIsland, RankFollower
 from p2p_diloco.peers.island import SwarmIsland
 from p2p_diloco.peers.runner import Trainer, train
-from p2p_diloco.peers.sharding import FullyShard, InnerHyperParams, gather_on_read, local_numel, shard_island, sharding
+from p2p_diloco.peers.sharding import InnerHyperParams, gather_on_read, local_numel, sharding
 from p2p_diloco.terminal import leave_terminal
 
 EVAL_BATCH_SIZE = 16
@@ -86,7 +86,8 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
     before it starts: the fault injection of benchmarks and tests goes there (`bench.member`), as
     does `link`, a WAN link to emulate."""
     device = resolve_device(train_cfg.device)
-    strategy = sharding(train_cfg.shard, int(os.environ.get("WORLD_SIZE", "1")))  # (before the group: a bad setting fails alone)
+    # DDP or FSDP2 under torchrun (`peers.sharding`); a shard without torchrun fails here, before anything starts
+    strategy = sharding(train_cfg.shard, int(os.environ.get("WORLD_SIZE", "1")))
     group = IntraIsland.init_from_env(device)
     stop = _StopFlag()
     previous = {sig: signal.signal(sig, stop) for sig in stop.signals()}
@@ -98,12 +99,11 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
         block = model_cfg.resolved()["block_size"]
         torch.manual_seed(train_cfg.seed)  # every island starts from the same weights
         model = build_model(model_cfg, corpus.vocab_size).to(device)
+        full = None  # a sharded island's rank 0: the full-size copy the swarm sees (`peers.sharding`)
         if group is not None:
             model = strategy.wrap(model, group)
+            full = strategy.full_copy(group, model, lambda: build_model(model_cfg, corpus.vocab_size).to(device))
         trainer = trainer_type(model, train_cfg)
-        full = None  # a sharded island's rank 0: the full-size copy the swarm sees (`peers.sharding`)
-        if isinstance(strategy, FullyShard):
-            full = shard_island(group, model, build_model(model_cfg, corpus.vocab_size).to(device) if group.rank == 0 else None)
         if group is not None and group.rank > 0:
             island = RankFollower(model, group)
             seed = group.share(0) + group.rank

@@ -22,7 +22,7 @@ start afresh on resume (as after a divergence's roll-back).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -41,6 +41,10 @@ class Replicate:
     def wrap(self, model: nn.Module, group: IntraIsland) -> nn.Module:
         return group.wrap(model)
 
+    def full_copy(self, group: IntraIsland, model: nn.Module, build: Callable[[], nn.Module]) -> nn.Module | None:
+        """None: rank 0 works on the model itself."""
+        return None
+
 
 class FullyShard:
     """Each rank holds a shard of every parameter (FSDP2): each block of every `nn.ModuleList` is a
@@ -55,6 +59,10 @@ class FullyShard:
                     fully_shard(block)
         fully_shard(model)
         return model
+
+    def full_copy(self, group: IntraIsland, model: nn.Module, build: Callable[[], nn.Module]) -> nn.Module | None:
+        """Every rank: `shard_island` with `build()` as rank 0's full copy (None on the other ranks)."""
+        return shard_island(group, model, build() if group.rank == 0 else None)
 
 
 SHARDINGS: dict[str, type[Replicate] | type[FullyShard]] = {"replicate": Replicate, "fsdp": FullyShard}
@@ -118,7 +126,8 @@ class ShardedWeights:
         from torch.distributed.tensor import distribute_tensor
 
         for i, (_, p) in enumerate(self.shards):
-            src = self.full[i] if self.full is not None else torch.empty(p.shape, dtype=p.dtype, device=p.to_local().device)
+            src = self.full[i] if self.full is not None else torch.empty(p.shape, dtype=p.dtype,
+                                                                         device=p.to_local().device)
             p.to_local().copy_(distribute_tensor(src.detach(), p.device_mesh, p.placements).to_local())
 
     def trained(self) -> None:

@@ -50,7 +50,7 @@ def worker(way: str, preset: str, steps: int, rounds: int, batch: int) -> None:
     from p2p_diloco.core.island import OuterLoop
     from p2p_diloco.core.model import build_model
     from p2p_diloco.peers.distributed import NEW_ROUND, IntraIsland, RankFollower
-    from p2p_diloco.peers.sharding import FullyShard, gather_on_read, local_numel, shard_island, sharding
+    from p2p_diloco.peers.sharding import gather_on_read, local_numel, sharding
 
     torch.set_num_threads(1)
     meter = PeakMeter()  # the RSS after `import torch` is its baseline
@@ -60,9 +60,7 @@ def worker(way: str, preset: str, steps: int, rounds: int, batch: int) -> None:
     torch.manual_seed(0)
     model = strategy.wrap(build_model(cfg, 256), group)
     inner = InnerLoop(model, TrainConfig(batch_size=batch, warmup_steps=0))
-    full = None
-    if isinstance(strategy, FullyShard):
-        full = shard_island(group, model, build_model(cfg, 256) if group.rank == 0 else None)
+    full = strategy.full_copy(group, model, lambda: build_model(cfg, 256))
     outer = follower = None
     if group.rank == 0:
         outer = OuterLoop("bench", model if full is None else full, DiLoCoConfig(local_steps=steps))
