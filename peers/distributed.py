@@ -1,4 +1,4 @@
-"""Several processes as one island under torchrun: DDP inside the island, only rank 0 gossips.
+"""Several processes as one island under torchrun: DDP (or FSDP2, `peers.sharding`) inside, only rank 0 gossips.
 
 Every rank runs the same training loop and calls `step()` after each inner step. Rank 0 is a
 `SwarmIsland` (snapshot server, membership, fetches, outer step, checkpoints); the other ranks are

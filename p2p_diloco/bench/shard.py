@@ -17,7 +17,8 @@ the RSS after `import torch` while it built everything (`setup_peak_bytes`: ever
 model whole before sharding it, as `join` does, so islands of one run start from the same weights)
 and while it trained and ended rounds (`train_peak_bytes`: activations, FSDP's gathered blocks and
 buffers included), both from the kernel's VmHWM reset between them (`bench round`'s `PeakMeter`);
-the process's `ru_maxrss`; and the median inner step.
+the process's `ru_maxrss`; the median inner step; and the median round's end (`round_end_s`: on
+rank 0 the gather when sharded, the outer step, and the new anchor sent to every rank).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def worker(way: str, preset: str, steps: int, rounds: int, batch: int) -> None:
     block = cfg.resolved()["block_size"]
     setup_peak = meter.take()  # building the model whole (every rank), sharding it, rank 0's copy and outer state
     gen = torch.Generator().manual_seed(group.rank)
-    times = []
+    times, ends = [], []
     for _ in range(rounds):
         for _ in range(steps):
             x = torch.randint(0, 256, (batch, block + 1), generator=gen)
@@ -82,12 +83,14 @@ def worker(way: str, preset: str, steps: int, rounds: int, batch: int) -> None:
                 group.send(0)
             else:
                 follower.step()
+        t0 = time.perf_counter()
         if outer is not None:  # the round's end: read the weights, outer step, every rank takes the anchor
             outer.end_round([], tokens=steps * batch * block)
             group.send(NEW_ROUND)
             group.sync_weights(outer.slices.params)
         else:
             follower.step()
+        ends.append(time.perf_counter() - t0)
     params = list(model.parameters())
     row = {"way": way, "rank": group.rank, "params": local_numel(model), "param_bytes": _bytes(params),
            "grad_bytes": _bytes(p.grad for p in params if p.grad is not None),
@@ -97,7 +100,7 @@ def worker(way: str, preset: str, steps: int, rounds: int, batch: int) -> None:
            "full_copy_bytes": 0 if full is None else _bytes(full.parameters()),
            "setup_peak_bytes": setup_peak, "train_peak_bytes": meter.take(), "meter": meter.method,
            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-           "step_s": statistics.median(times)}
+           "step_s": statistics.median(times), "round_end_s": statistics.median(ends)}
     row["held_bytes"] = sum(row[k] for k in ("param_bytes", "grad_bytes", "optimizer_bytes", "outer_bytes",
                                              "full_copy_bytes"))
     rows = [None] * group.world

@@ -167,11 +167,11 @@ def bench_shard(preset, ranks, steps, rounds, batch_size, as_json) -> None:
     keys = ("param_bytes", "grad_bytes", "optimizer_bytes", "outer_bytes", "full_copy_bytes", "held_bytes",
             "setup_peak_bytes", "train_peak_bytes", "peak_rss_bytes")
     click.echo(f"{'way':>9} {'rank':>4} " + " ".join(f"{k.removesuffix('_bytes') + ' MiB':>16}" for k in keys)
-               + f" {'step_s':>7}")
+               + f" {'step_s':>7} {'end_s':>7}")
     for report in out.values():
         for r in report["rows"]:
             click.echo(f"{r['way']:>9} {r['rank']:>4} " + " ".join(f"{r[k] / 2**20:>16.1f}" for k in keys)
-                       + f" {r['step_s']:>7.3f}")
+                       + f" {r['step_s']:>7.3f} {r['round_end_s']:>7.3f}")
 
 
 @bench.command("attack")
