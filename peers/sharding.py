@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 class Replicate:
     """Every rank holds the whole model; DDP averages the gradients (the default)."""
 
+    shards = False
+
     def wrap(self, model: nn.Module, group: IntraIsland) -> nn.Module:
         return group.wrap(model)
 
@@ -49,6 +51,8 @@ class Replicate:
 class FullyShard:
     """Each rank holds a shard of every parameter (FSDP2): each block of every `nn.ModuleList` is a
     unit of its own (gathered for its forward and backward, freed after), the rest the root's."""
+
+    shards = True
 
     def wrap(self, model: nn.Module, group: IntraIsland) -> nn.Module:
         from torch.distributed.fsdp import fully_shard
@@ -71,10 +75,11 @@ SHARDINGS: dict[str, type[Replicate] | type[FullyShard]] = {"replicate": Replica
 
 def sharding(name: str, world: int) -> Replicate | FullyShard:
     """The strategy `name` names; `ConfigError` when it shards a model over fewer than 2 processes."""
-    if name != "replicate" and world <= 1:
+    strategy = SHARDINGS[name]()
+    if strategy.shards and world <= 1:
         raise ConfigError(f"train.shard {name!r} shards the model over the processes of a torchrun island: "
                           "start join under `torchrun --nproc-per-node N` (N >= 2), or leave --shard at replicate")
-    return SHARDINGS[name]()
+    return strategy
 
 
 def is_sharded(model: nn.Module) -> bool:

@@ -12,16 +12,17 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from p2p_diloco.config import TrainConfig
+from p2p_diloco.config import SHARDS, TrainConfig
 from p2p_diloco.core.params import fingerprint
 from p2p_diloco.errors import ConfigError
 from p2p_diloco.peers.distributed import SYNC, IntraIsland, RankFollower
-from p2p_diloco.peers.sharding import FullyShard, GatheredSlices, Replicate, shard_island, sharding
+from p2p_diloco.peers.sharding import SHARDINGS, FullyShard, GatheredSlices, Replicate, shard_island, sharding
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def test_a_shard_needs_torchrun():
+    assert tuple(SHARDINGS) == SHARDS  # every name the config accepts builds a strategy
     assert isinstance(sharding("replicate", 1), Replicate) and isinstance(sharding("fsdp", 2), FullyShard)
     with pytest.raises(ConfigError, match="torchrun"):
         sharding("fsdp", 1)
