@@ -29,6 +29,8 @@ DEVICE_RE = r"^(auto|cpu|mps|cuda(:\d+)?)$"
 """Syntax of a `--device` value (checked by `TrainConfig`, torch-free)."""
 PRECISIONS = ("fp32", "bf16")
 """Precisions of the inner forward and backward pass (`p2p_diloco.core.device.autocast`)."""
+SHARDS = ("replicate", "fsdp")
+"""How a torchrun island holds its model: whole on every rank (DDP) or sharded over them (FSDP2, `peers.sharding`)."""
 POISONS = ("nan", "scale", "random", "other-run", "momentum", "inflate", "stuck", "reverse", "noise")
 """What a hostile test double publishes (`bench member --poison`, `p2p_diloco.bench.member`)."""
 HONEST_MEMBERS = ("slow", "other-data")

@@ -23,7 +23,7 @@ from typing import Any
 from p2p_diloco import addresses
 from p2p_diloco.choices import (  # noqa: F401 - importers take these from p2p_diloco.config too
     CODECS, DEVICE_RE, DEVICES_HELP, DHT_PORT_OFFSET, DISCOVERY_KINDS, EXCHANGES, MAX_NAME_CHARS, MODEL_PRESETS,
-    MOMENTUM_MODES, PRECISIONS, PX_PORT_OFFSET, REACH_MODES, UPDATE_CODECS, WIRE_CODECS, valid_name
+    MOMENTUM_MODES, PRECISIONS, PX_PORT_OFFSET, REACH_MODES, SHARDS, UPDATE_CODECS, WIRE_CODECS, valid_name
 )
 from p2p_diloco.errors import ConfigError
 
@@ -103,12 +103,15 @@ class TrainConfig:
     precision: str = "fp32"
     """`bf16`: the forward and backward pass under bf16 autocast (faster on accelerators); weights and
     optimizer state stay fp32, so the outer state and what islands exchange do not change."""
+    shard: str = "replicate"
+    """Under torchrun: `replicate` (DDP, the whole model on every rank) or `fsdp` (FSDP2, a shard each)."""
 
     def __post_init__(self) -> None:
         s = "train"
         _require(isinstance(self.device, str) and re.fullmatch(DEVICE_RE, self.device) is not None, s, "device",
                  f"one of {DEVICES_HELP}", self.device)
         _require(self.precision in PRECISIONS, s, "precision", f"one of {PRECISIONS}", self.precision)
+        _require(self.shard in SHARDS, s, "shard", f"one of {SHARDS}", self.shard)
         _require(self.batch_size >= 1, s, "batch_size", ">= 1", self.batch_size)
         _require(isinstance(self.threads, int) and 1 <= self.threads <= 1024, s, "threads", "in [1, 1024]", self.threads)
         _require(0 < self.lr <= 1, s, "lr", "in (0, 1]", self.lr)

@@ -4,6 +4,7 @@ The one entry point of the Python API (exported lazily as `p2p_diloco.join`, so 
 p2p_diloco` stays light). It builds the configs from a few common keywords, puts the model on its
 device, and returns a `SwarmIsland` (`peers.island`) on a plain process or on rank 0 of a torchrun
 island, or a `RankFollower` (`peers.distributed`) on the other ranks: the loop is the same on all.
+A model the caller sharded with FSDP2's `fully_shard` makes a sharded island (`peers.sharding`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import torch
 from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, IslandConfig, NetworkConfig
 from p2p_diloco.core.device import resolve_device
 from p2p_diloco.peers.distributed import IntraIsland, RankFollower
+from p2p_diloco.errors import ConfigError
 from p2p_diloco.peers.island import SwarmIsland
+from p2p_diloco.peers.sharding import InnerHyperParams, gather_on_read, is_sharded, shard_island
 
 
 def join(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None, *,
@@ -26,7 +29,7 @@ def join(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
          diloco: DiLoCoConfig | None = None, network: NetworkConfig | None = None,
          discovery: DiscoveryConfig | None = None, island: IslandConfig | None = None,
          eval_fn: Any = None, extra_state: Any = None, tokens_per_step: int = 1,
-         probe_fn: Any = None) -> SwarmIsland | RankFollower:
+         probe_fn: Any = None, full_model: torch.nn.Module | None = None) -> SwarmIsland | RankFollower:
     """An island around `model` and `optimizer`; use it as a context manager and call `step()` after
     each `optimizer.step()`.
 
@@ -44,17 +47,31 @@ def join(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
       `eval_fn`'s; with it, a partner's state is mixed only when its mix does not raise that loss
       (`peers.probe`: it catches stuck, replayed and reversed training that distance bounds miss).
     - `tokens_per_step`: tokens of one inner step on this process when `step()` is not told.
+    - Under torchrun, wrap the model in DDP, or shard it with `fully_shard` (FSDP2: the root module
+      too) and build the optimizer after, as usual. A sharded island's rank 0 keeps a full-size copy
+      of the weights for the swarm: `full_model` (same architecture, unsharded, given on rank 0)
+      if given, else a parameter-only mirror. `eval_fn` runs on rank 0 alone, so there it must
+      evaluate that copy, `island.model`, which needs `full_model`: the sharded model would wait
+      for the other ranks.
     """
     discovery = _replace(discovery or DiscoveryConfig(), bootstrap=_tuple(bootstrap), run_id=run_id, secret=secret)
     island = _replace(island or IslandConfig(), run_dir=Path(run_dir) if run_dir is not None else None)
     if device is not None:
         _move(model, optimizer, resolve_device(device))
-    group = IntraIsland.current()
+    group, sharded = IntraIsland.current(), is_sharded(model)
+    if sharded and group is None:
+        raise ConfigError("a model sharded with fully_shard needs a torchrun island of 2 processes or more")
+    if full_model is not None and not sharded:
+        raise ConfigError("full_model is rank 0's copy of a sharded model's weights: shard the model with fully_shard")
+    full = shard_island(group, model, full_model) if sharded else None
     if group is not None and group.rank > 0:
         return RankFollower(model, group)
-    return SwarmIsland(model, optimizer, scheduler, diloco=diloco, network=network, discovery=discovery,
-                       island=island, eval_fn=eval_fn, extra_state=extra_state, tokens_per_step=tokens_per_step,
-                       group=group, probe_fn=probe_fn)
+    out = SwarmIsland(model if full is None else full, optimizer if full is None else InnerHyperParams(optimizer),
+                      scheduler, diloco=diloco, network=network, discovery=discovery, island=island, eval_fn=eval_fn,
+                      extra_state=extra_state, tokens_per_step=tokens_per_step, group=group, probe_fn=probe_fn)
+    if full is not None:
+        gather_on_read(out.outer, group, full)
+    return out
 
 
 def _tuple(bootstrap: Any) -> tuple[str, ...] | None:

@@ -1,4 +1,4 @@
-"""Several processes as one island under torchrun: DDP inside the island, only rank 0 gossips.
+"""Several processes as one island under torchrun: DDP (or FSDP2, `peers.sharding`) inside, only rank 0 gossips.
 
 Every rank runs the same training loop and calls `step()` after each inner step. Rank 0 is a
 `SwarmIsland` (snapshot server, membership, fetches, outer step, checkpoints); the other ranks are
@@ -10,9 +10,13 @@ resume). At every `step()` rank 0 broadcasts one command, and the ranks act on i
 - `SYNC`: rank 0's weights changed; every rank receives them (a broadcast per parameter);
 - `NEW_ROUND`: a round ended (the outer step's new anchor): `SYNC`, and every rank counts the round;
 - `STOP`: the island is done; `SYNC` (a final mix may have changed the weights), and `done`
-  turns True on every rank at the same step.
+  turns True on every rank at the same step;
+- `GATHER` (sharded islands only, before any of the others): rank 0 is about to read the weights;
+  every rank sends it its shard (`peers.sharding`), then waits for the step's command.
 
 So the ranks never drift apart, whatever ends a round early, and no rank but 0 holds an anchor.
+How weights travel between the ranks is the island's `weights` (`Replicas` here: DDP, every rank
+holds them all; `peers.sharding.ShardedWeights`: FSDP2, each rank a shard and rank 0 a full copy).
 NCCL islands keep the command on the rank's GPU (NCCL only moves device tensors); gloo on the host.
 """
 
@@ -22,6 +26,8 @@ import datetime
 import logging
 import os
 
+from typing import Protocol
+
 import torch
 import torch.distributed as dist
 
@@ -29,7 +35,43 @@ from p2p_diloco.core.params import trainable_parameters
 
 log = logging.getLogger(__name__)
 
-CARRY_ON, SYNC, NEW_ROUND, STOP = 0, 1, 2, 3
+CARRY_ON, SYNC, NEW_ROUND, STOP, GATHER = 0, 1, 2, 3, 4
+WITH_WEIGHTS = (SYNC, NEW_ROUND, STOP)
+"""The commands after which every rank takes rank 0's weights."""
+
+
+class RankWeights(Protocol):
+    """How rank 0's weights reach the other ranks of an island, and theirs reach rank 0."""
+
+    stale: bool
+    """Rank 0: the ranks trained since it last read the weights (it must `pull` before reading them)."""
+
+    def push(self, params: list[torch.Tensor]) -> None:
+        """Every rank: take rank 0's weights (`params`: rank 0's own, or this rank's)."""
+
+    def pull(self) -> None:
+        """Every rank: rank 0's copy of the weights becomes what the ranks hold."""
+
+    def trained(self) -> None:
+        """Rank 0: the ranks train on from here (a command went out)."""
+
+
+class Replicas:
+    """DDP: every rank holds the whole model, DDP keeps the copies equal, and rank 0's weights,
+    when it changes them, go to the others one broadcast per parameter."""
+
+    stale = False
+
+    @torch.no_grad()
+    def push(self, params: list[torch.Tensor]) -> None:
+        for p in params:
+            dist.broadcast(p.data, src=0)
+
+    def pull(self) -> None:
+        """Nothing to gather: rank 0 holds the weights the ranks trained."""
+
+    def trained(self) -> None:
+        """Rank 0's weights are the ranks' own: never stale."""
 
 
 class IntraIsland:
@@ -40,6 +82,7 @@ class IntraIsland:
         self.backend = dist.get_backend()
         device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
         self._cmd = torch.zeros(1, dtype=torch.int64, device=device)
+        self.weights: RankWeights = Replicas()
 
     @staticmethod
     def init_from_env(device: torch.device, timeout_s: float = 120.0) -> IntraIsland | None:
@@ -65,19 +108,28 @@ class IntraIsland:
         return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
 
     def send(self, cmd: int) -> None:
-        """Rank 0: tell every rank what this step did."""
+        """Rank 0: tell every rank what this step did (the weights they will take are gathered first
+        if rank 0 never read them this step: sharded islands)."""
+        if cmd in WITH_WEIGHTS:
+            self.refresh()
         self._cmd.fill_(cmd)
         dist.broadcast(self._cmd, src=0)
+        self.weights.trained()
+
+    def refresh(self) -> None:
+        """Rank 0, before it reads the weights: if the ranks trained since, gather them (`GATHER`)."""
+        if self.weights.stale:
+            self._cmd.fill_(GATHER)
+            dist.broadcast(self._cmd, src=0)
+            self.weights.pull()
 
     def receive(self) -> int:
         dist.broadcast(self._cmd, src=0)
         return int(self._cmd.item())
 
-    @torch.no_grad()
     def sync_weights(self, params: list[torch.Tensor]) -> None:
         """Every rank takes rank 0's trainable weights."""
-        for p in params:
-            dist.broadcast(p.data, src=0)
+        self.weights.push(params)
 
     def share(self, value: int) -> int:
         """Rank 0's `value` on every rank (a data seed, a schedule length)."""
@@ -122,7 +174,10 @@ class RankFollower:
 
     def _follow(self) -> None:
         cmd = self.group.receive()
-        if cmd in (SYNC, NEW_ROUND, STOP):
+        while cmd == GATHER:  # rank 0 reads the weights of a sharded island: send it this rank's shard
+            self.group.weights.pull()
+            cmd = self.group.receive()
+        if cmd in WITH_WEIGHTS:
             self.group.sync_weights(self.params)
             self.round += cmd == NEW_ROUND
             self.done = cmd == STOP

@@ -1,7 +1,7 @@
 """The island process of `p2p-diloco join`: device, torchrun ranks, model and data, signals, the loop.
 
-`run_island` builds what the CLI trains (the project's GPT on the device asked for, DDP-wrapped
-under torchrun, the inner loop and its data) and hands model and optimizer to the public API
+`run_island` builds what the CLI trains (the project's GPT on the device asked for, under torchrun
+DDP-wrapped or sharded with FSDP2 (`--shard fsdp`, `peers.sharding`), the inner loop and its data) and hands model and optimizer to the public API
 (`peers.api` / `peers.island`): rank 0 of a torchrun group, or a plain process, is a
 `SwarmIsland`; the other ranks are `RankFollower`s. SIGINT, SIGTERM and SIGHUP (a closed terminal)
 ask the island to stop: the round ends at the next step, a checkpoint is written, the record
@@ -28,6 +28,7 @@ from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.peers.distributed import IntraIsland, RankFollower
 from p2p_diloco.peers.island import SwarmIsland
 from p2p_diloco.peers.runner import Trainer, train
+from p2p_diloco.peers.sharding import InnerHyperParams, gather_on_read, local_numel, sharding
 from p2p_diloco.terminal import leave_terminal
 
 EVAL_BATCH_SIZE = 16
@@ -85,6 +86,8 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
     before it starts: the fault injection of benchmarks and tests goes there (`bench.member`), as
     does `link`, a WAN link to emulate."""
     device = resolve_device(train_cfg.device)
+    # DDP or FSDP2 under torchrun (`peers.sharding`); a shard without torchrun fails here, before anything starts
+    strategy = sharding(train_cfg.shard, int(os.environ.get("WORLD_SIZE", "1")))
     group = IntraIsland.init_from_env(device)
     stop = _StopFlag()
     previous = {sig: signal.signal(sig, stop) for sig in stop.signals()}
@@ -96,8 +99,10 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
         block = model_cfg.resolved()["block_size"]
         torch.manual_seed(train_cfg.seed)  # every island starts from the same weights
         model = build_model(model_cfg, corpus.vocab_size).to(device)
+        full = None  # a sharded island's rank 0: the full-size copy the swarm sees (`peers.sharding`)
         if group is not None:
-            model = group.wrap(model)
+            model = strategy.wrap(model, group)
+            full = strategy.full_copy(group, model, lambda: build_model(model_cfg, corpus.vocab_size).to(device))
         trainer = trainer_type(model, train_cfg)
         if group is not None and group.rank > 0:
             island = RankFollower(model, group)
@@ -105,10 +110,14 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
         else:
             evals = eval_batches(corpus.val, block, cfg.eval_batches, EVAL_BATCH_SIZE)
             probes = eval_batches(corpus.val, block, PROBE_BATCHES, EVAL_BATCH_SIZE, seed=PROBE_SEED)
-            island = SwarmIsland(model, trainer.optimizer, diloco=diloco, network=network, discovery=discovery,
-                                 island=cfg, eval_fn=lambda: evaluate(model, evals, train_cfg.precision),
+            whole = model if full is None else full
+            island = SwarmIsland(whole, trainer.optimizer if full is None else InnerHyperParams(trainer.optimizer),
+                                 diloco=diloco, network=network, discovery=discovery,
+                                 island=cfg, eval_fn=lambda: evaluate(whole, evals, train_cfg.precision),
                                  probe_fn=None if group is not None else lambda: evaluate(model, probes, train_cfg.precision),
                                  extra_state=trainer, group=group, link=link, stopped=lambda: stop.signum is not None)
+            if full is not None:
+                gather_on_read(island.outer, group, full)
             seed = int.from_bytes(hashlib.sha256(island.peer_id.encode()).digest()[:4], "little")
             seed = seed if group is None else group.share(seed)
             if on_island is not None:
@@ -121,8 +130,9 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
         with island:
             train(island, trainer, cfg.max_seconds, size_by_time=by_time)
         summary = island.close()  # (its summary line: `SwarmIsland.close`)
-        if summary:  # what the device's memory came to (the CUDA allocator's peak; None elsewhere)
-            summary = {**summary, "peak_device_bytes": peak_memory_bytes(device)}
+        if summary:  # what the device's memory came to (the CUDA allocator's peak; None elsewhere), what rank 0 trains
+            summary = {**summary, "peak_device_bytes": peak_memory_bytes(device), "shard": train_cfg.shard,
+                       "rank_params": local_numel(model)}
         return stop.exit_code, summary
     except JoinStopped:  # a signal while it waited for a bootstrap node: nothing to save or tell
         return stop.exit_code, {}

@@ -1,4 +1,4 @@
-"""`p2p-diloco bench transport|swarm|round|attack|gpu`: the measurements BENCHMARKS.md quotes, each printed by one command."""
+"""`p2p-diloco bench transport|swarm|round|shard|attack|gpu`: the measurements BENCHMARKS.md quotes, each printed by one command."""
 
 from __future__ import annotations
 
@@ -145,6 +145,33 @@ def _round_table(rows: list[dict]) -> None:
                  f"{r['peak_extra_bytes'] / 2**20:.1f}", f"{r['overhead_per_param_ns']:.2f}",
                  f"{r['overhead_vs_clone']:.2f}", f"{r['peak_extra_vs_state']:.2f}"]
         click.echo(" ".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
+
+
+@bench.command("shard")
+@click.option("--preset", type=click.Choice(list(MODEL_PRESETS)), default="small", show_default=True,
+              help="The GPT's shape (over bytes).")
+@click.option("--ranks", type=click.IntRange(2, 64), default=2, show_default=True, help="Processes of the island.")
+@click.option("--steps", type=click.IntRange(1, 1000), default=4, show_default=True, help="Inner steps per round.")
+@click.option("--rounds", type=click.IntRange(1, 100), default=2, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1, 1024), default=4, show_default=True, help="Sequences per step and rank.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout; details go to stderr.")
+def bench_shard(preset, ranks, steps, rounds, batch_size, as_json) -> None:
+    """Memory per rank of a torchrun island (gloo, CPU), its model replicated (DDP) or sharded (FSDP2)."""
+    from p2p_diloco.bench.shard import run_shard
+
+    with user_errors():
+        out = run_shard(preset, ranks, steps, rounds, batch_size, log=lambda msg: click.echo(msg, err=True))
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    keys = ("param_bytes", "grad_bytes", "optimizer_bytes", "outer_bytes", "full_copy_bytes", "held_bytes",
+            "setup_peak_bytes", "train_peak_bytes", "peak_rss_bytes")
+    click.echo(f"{'way':>9} {'rank':>4} " + " ".join(f"{k.removesuffix('_bytes') + ' MiB':>16}" for k in keys)
+               + f" {'step_s':>7} {'end_s':>7}")
+    for report in out.values():
+        for r in report["rows"]:
+            click.echo(f"{r['way']:>9} {r['rank']:>4} " + " ".join(f"{r[k] / 2**20:>16.1f}" for k in keys)
+                       + f" {r['step_s']:>7.3f} {r['round_end_s']:>7.3f}")
 
 
 @bench.command("attack")

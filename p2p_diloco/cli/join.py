@@ -20,14 +20,14 @@ from p2p_diloco.cli.options import (
     model_options, network_config, network_options, retired_option, swarm_secret, user_errors
 )
 from p2p_diloco.config import (
-    DHT_PORT_OFFSET, PX_PORT_OFFSET, REACH_MODES, DiLoCoConfig, DiscoveryConfig, IslandConfig, TrainConfig
+    DHT_PORT_OFFSET, PX_PORT_OFFSET, REACH_MODES, SHARDS, DiLoCoConfig, DiscoveryConfig, IslandConfig, TrainConfig
 )
 
 I = IslandConfig
 JOIN_GROUPS = {
     "The swarm": ("bootstrap", "run_id", "secret", "secret_file", "discovery", "host", "announce_host", "port",
                   "reach", "wait_for", "join_timeout"),
-    "Model and data": ("model_size", "data", "vocab_size", "batch_size", "lr", "device", "precision"),
+    "Model and data": ("model_size", "data", "vocab_size", "batch_size", "lr", "device", "precision", "shard"),
     "Training": ("local_steps", "momentum", "exchange", "update_codec", "max_tokens", "max_rounds", "max_seconds",
                  "run_dir", "resume"),
     "Network": ("max_upload_mbps",),
@@ -58,6 +58,9 @@ def _config_file_only(f):
 @model_options
 @diloco_options
 @device_options
+@click.option("--shard", type=click.Choice(SHARDS), default=TrainConfig.shard, show_default=True,
+              help="Under torchrun: replicate the model on every rank (DDP) or shard it over them (fsdp: FSDP2, "
+                   "rank 0 keeps a full copy for the swarm).")
 @network_options
 @click.option("--run-dir", type=click.Path(file_okay=False), default=str(I.run_dir), show_default=True,
               help="Folder for metrics.jsonl and checkpoints.")

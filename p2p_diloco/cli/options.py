@@ -291,7 +291,8 @@ def build_configs(kw: dict) -> tuple[ModelConfig, TrainConfig, DiLoCoConfig]:
     model = ModelConfig(size=kw.pop("model_size"), n_layer=kw.pop("n_layer", None), n_embd=kw.pop("n_embd", None),
                         n_head=kw.pop("n_head", None), block_size=kw.pop("block_size", None))
     train = TrainConfig(batch_size=kw.pop("batch_size"), lr=kw.pop("lr"), seed=kw.get("seed", T.seed),
-                        device=kw.pop("device", T.device), precision=kw.pop("precision", T.precision))
+                        device=kw.pop("device", T.device), precision=kw.pop("precision", T.precision),
+                        shard=kw.pop("shard", T.shard))
     diloco = DiLoCoConfig(local_steps=kw.pop("local_steps"), outer_lr=kw.pop("outer_lr", D.outer_lr),
                           outer_momentum=kw.pop("outer_momentum", D.outer_momentum), momentum=kw.pop("momentum"),
                           final_mix=kw.pop("final_mix", D.final_mix), mix_weight=kw.pop("mix_weight", D.mix_weight),
