@@ -97,9 +97,8 @@ class TrainConfig:
     """torch threads of the island's process (one per island, so islands sharing a machine do not
     compete for its cores)."""
     device: str = "auto"
-    """Where the model, inner optimizer and outer state live: auto|cpu|cuda|cuda:N|mps. Validated for
-    syntax here (torch-free); whether the device is there is checked when it is resolved
-    (`p2p_diloco.core.device.resolve_device`), before anything starts."""
+    """Where the model, inner optimizer and outer state live: auto|cpu|cuda|cuda:N|mps. Its syntax is
+    checked here; whether it is there, before anything starts (`core.device.resolve_device`)."""
     precision: str = "fp32"
     """`bf16`: the forward and backward pass under bf16 autocast (faster on accelerators); weights and
     optimizer state stay fp32, so the outer state and what islands exchange do not change."""
@@ -158,11 +157,10 @@ class DiLoCoConfig:
     """When the island's budget is spent, fetch one partner's last state and mix it before the
     final checkpoint (one more fetch per run; BENCHMARKS.md, "When a partner's state is mixed")."""
     exchange: str = "auto"
-    """What an island fetches: `auto` (whole states while one moves in a small share of a round over
-    the link it measures, else updates: `core.linkfit`), its partners' whole `state` every time, or
-    `updates` of a public state that follows each one's anchor, compressed with error feedback
-    (`core.public`; an island then fetches the next member in the ring of peer ids, so it lacks one
-    update per round, and keeps its momentum local). `auto` and `updates` also keep a public state."""
+    """What an island fetches: `auto` (whole states where one moves in a small share of a round over the
+    link it measures, else updates: `core.linkfit`), whole `state`s, or `updates` of a public state that
+    follows each one's anchor with error feedback (`core.public`: from the next member in the ring of
+    peer ids, one update per round; momentum local). `auto` and `updates` keep a public state."""
     update_codec: str = "sign"
     """Codec of the updates with `exchange="updates"`: `sign` or `int4` (`UPDATE_CODECS`)."""
     offload_outer: bool = False
