@@ -26,7 +26,8 @@ being mixed, as it would widen one learned from the island's own anchor or momen
   (a fixed relative bound of 1.0 let an anchor x1.5 through).
 
 Before the island's first outer step, `D` is the pseudo-gradient of the round so far, scaled to a
-whole round (`core.island.OuterLoop.progress`). BENCHMARKS.md ("A hostile member") measures what
+whole round (`core.island.OuterLoop.progress`); after it adopted a state whole (a join, a
+catch-up), it is read from the momentum it took until its own rounds replace it (`adopted`). BENCHMARKS.md ("A hostile member") measures what
 each bound buys.
 """
 
@@ -68,6 +69,19 @@ class InfluenceBound:
             self.deltas.append(delta_norm)
         if advance is not None and math.isfinite(advance) and advance > 0:
             self.advances.append(advance)
+
+    def adopted(self, momentum_norm: float) -> None:
+        """The island took a state whole (a join, a catch-up): until its own rounds are remembered, a
+        round's progress is read from the momentum it took, `|m| sqrt(1 - mu^2)` (exact for rounds of
+        one size in unrelated directions; rounds that agree sum to more, so this reads a round as up
+        to 4.4x what it was at mu 0.9), not from its first rounds after it, which its inner optimizer's
+        warmup keeps small: so a joiner does not refuse the swarm it joined. The bounds are that much
+        looser for the few rounds its own progress takes to outweigh it in the median; no partner
+        state moves it otherwise, and the state adopted is the one most members agree on."""
+        d = momentum_norm * math.sqrt(1 - self.mu**2)
+        if math.isfinite(d) and d > 0:
+            self.deltas.clear()
+            self.deltas.append(d)
 
     def reference(self) -> float | None:
         """`D`, from the rounds remembered (None: no outer step yet): their median, or the last round's

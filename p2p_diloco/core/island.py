@@ -171,6 +171,7 @@ class OuterLoop:
             else:
                 s.m[i:j].copy_(snapshot.m[i:j].to(s.m.device, non_blocking=True))
         s.version, s.tokens = snapshot.version, snapshot.tokens
+        self.influence.adopted(float(s.m.norm()))
         self.begin_round()
 
 

@@ -202,19 +202,17 @@ def test_auto_fetches_whole_states_on_a_fast_link_and_updates_on_a_slow_one(proc
     slow = [IslandProc(procs, tmp_path, f"s{k}", entry, "-H", "10", "--max-rounds", "1000", "--run-id", "slow",
                        "--wait-for", "2", "--exchange", "auto", "--bandwidth-mbps", "1", "--latency-ms", "20",
                        command=("bench", "member"), every=100) for k in range(2)]
-    for isl in fast:
-        wait_until(lambda: sum(r.get("fetched") == "state" for r in isl.rounds()) >= 3 or isl.proc.poll() is not None,
-                   150, f"{isl.name} to fetch whole states")
-    for isl in slow:
-        wait_until(lambda: sum(r.get("fetched") == "updates" for r in isl.rounds()) >= 3 or isl.proc.poll() is not None,
-                   150, f"{isl.name} to fetch updates")
+    for isls, what in ((fast, "state"), (slow, "updates")):  # (mixed: a state refused or cut to 0 is not counted)
+        for isl in isls:
+            wait_until(lambda: sum(r.get("fetched") == what and bool(r.get("weight")) for r in isl.rounds()) >= 3
+                       or isl.proc.poll() is not None, 150, f"{isl.name} to mix 3 fetches of {what}")
     for isl in fast + slow:
         isl.signal(signal.SIGTERM)
     for isl in fast:
         s = isl.summary(60, expect=143)
         # (on a loaded machine a partner starved of CPU can serve one fetch slowly enough to give way; the
         # next rate measured takes the island back to whole states, which it says: CI saw 1 in 154)
-        assert s["fetched"]["state"] >= 3 and s["fetched"]["updates"] <= s["fetched"]["state"] // 20, s
+        assert s["fetched"]["state"] >= 3 and s["fetched"]["updates"] <= max(1, s["fetched"]["state"] // 20), s
         assert s["mixes"] >= 3, s
         log = isl.tail(100_000)
         assert log.count("fetches public-state updates now") == log.count("fetches whole states now"), log[-3000:]

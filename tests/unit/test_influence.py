@@ -127,6 +127,21 @@ def test_before_its_first_outer_step_an_island_measures_its_progress_so_far():
     assert isl.influence.reference() is not None and isl.progress() == isl.influence.reference()
 
 
+def test_a_joiner_takes_the_scale_of_a_round_from_the_state_it_adopted(trained):
+    """A joiner's first rounds (warmup, fresh inner moments) move it little; measured from them, its
+    bounds would refuse the momentum of the swarm it joined. It reads a round's progress from the
+    momentum it adopted until its own rounds replace it."""
+    a = trained[0]
+    joiner = _island("j", 4)
+    joiner.adopt(PartnerState(a.state.phi.clone(), a.state.m.clone(), a.state.version, a.state.tokens))
+    d = joiner.progress()
+    assert d == pytest.approx(a.state.m.norm().item() * (1 - joiner.cfg.outer_momentum**2) ** 0.5, rel=1e-5)
+    why, _, weight = _judge(joiner, a.state.phi.clone(), a.state.m.clone())
+    assert why is None and weight > 0
+    joiner.adopt(PartnerState(a.state.phi.clone(), torch.zeros_like(a.state.m), a.state.version, a.state.tokens))
+    assert joiner.progress() == pytest.approx(d)  # (a state without momentum says nothing of a round)
+
+
 def test_the_rounding_of_an_encoded_state_is_estimated_from_its_scales():
     """What int8 rounds off a state is part of every distance, and no partner's training: measured
     from the scales alone, it matches the real rounding error."""
