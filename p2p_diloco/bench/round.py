@@ -71,10 +71,11 @@ FETCH_TIMEOUT_S = 60.0
 """A benchmark fetch that hears nothing for this long fails."""
 SIZE_RUN_S = 1800.0
 """Limit of the fresh process that measures one size."""
-TARGET_OVERHEAD_VS_CLONE, TARGET_PEAK_VS_STATE, TARGET_FLATNESS = 12.0, 3.0, 2.0
+TARGET_OVERHEAD_VS_CLONE, TARGET_PEAK_VS_STATE, TARGET_FLATNESS, PUBLIC_STATE_PEAK = 12.0, 3.0, 2.0, 1.25
 """Targets at the largest size: overhead at most 12 clones of the state, peak extra memory at most
-3 states (anchor, momentum, one partner buffer); and overhead per parameter "roughly flat", read
-as: the largest and smallest ns/param of the sizes measured within a factor of 2."""
+3 states (anchor, momentum, one partner buffer), and 1.25 more for an exchange that keeps a public
+state (itself, and the updates it keeps; BENCHMARKS.md, "Slow links"); and overhead per parameter
+"roughly flat", read as: the largest and smallest ns/param of the sizes measured within a factor of 2."""
 PIECES = ("publish", "fetch", "mix", "outer")
 
 
@@ -375,11 +376,10 @@ def _targets(rows: list[dict], exchange: str) -> list[tuple[str, float, float, b
     big = max(rows, key=lambda r: r["params"])
     per_param = [r["overhead_per_param_ns"] for r in rows]
     flat = max(per_param) / min(per_param)
-    at = f"at {big['params'] / 1e6:.1f}M, {exchange}"
+    at, peak = f"at {big['params'] / 1e6:.1f}M, {exchange}", TARGET_PEAK_VS_STATE + PUBLIC_STATE_PEAK * (exchange != "state")
     return [(f"overhead_s / clone_s {at}", big["overhead_vs_clone"], TARGET_OVERHEAD_VS_CLONE,
              big["overhead_vs_clone"] <= TARGET_OVERHEAD_VS_CLONE),
-            (f"peak_extra_bytes / state_bytes {at}", big["peak_extra_vs_state"], TARGET_PEAK_VS_STATE,
-             big["peak_extra_vs_state"] <= TARGET_PEAK_VS_STATE),
+            (f"peak_extra_bytes / state_bytes {at}", big["peak_extra_vs_state"], peak, big["peak_extra_vs_state"] <= peak),
             (f"max / min overhead_per_param_ns over the sizes, {exchange}", flat, TARGET_FLATNESS,
              flat <= TARGET_FLATNESS)]
 

@@ -106,7 +106,7 @@ def _param_count(text: str) -> int:
               help="Model sizes (trainable parameters, comma-separated, 124e6 allowed); each runs in its own process.")
 @click.option("--threads", type=click.IntRange(1, 256), default=1, show_default=True,
               help="torch threads of the measuring process (an island process runs with one).")
-@click.option("--exchange", "exchanges", default="state,auto", show_default=True, callback=csv(str),
+@click.option("--exchange", "exchanges", default=",".join(EXCHANGES), show_default=True, callback=csv(str),
               help="Exchanges to measure, a row each: what the island publishes (auto and updates: its public "
                    "state's update too); the fetch and mix are of a whole state in every row.")
 @click.option("--device", default="cpu", show_default=True, callback=device_spec, metavar="DEVICE",
