@@ -138,7 +138,8 @@ def main() -> None:
     if rank == 0:
         keys = ("rounds", "version", "tokens", "initial_loss", "eval_loss", "mixes")
         print(json.dumps({"fsdp": args.fsdp, "world": world, **{k: summary[k] for k in keys}}))
-    if world > 1:
+    if world > 1:  # the ranks leave together: none tears its process group down while rank 0 still closes
+        dist.barrier()
         dist.destroy_process_group()
     sys.exit(0)
 

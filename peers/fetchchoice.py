@@ -16,6 +16,13 @@ from p2p_diloco.core.modes import Exchange
 
 log = logging.getLogger(__name__)
 
+REPROBE_EVERY = 8
+"""On updates, every this many fetches one asks for the whole state again (a probe, said nowhere):
+on a link still too slow it gives way within a twentieth of a round; otherwise it lands, measures
+the link, and the island goes back to whole states (said once). An update fetch is too small to
+measure a link, so without it one rate measured while a partner was starved of CPU would keep an
+island on updates on a fast link. The simulator's links are what it models, so it does not probe."""
+
 
 class FetchChoice:
     """See the module docstring."""
@@ -25,6 +32,8 @@ class FetchChoice:
         self.fit = LinkFit() if exchange.adaptive else None
         self._running: tuple[str, bool] | None = None
         """The partner of the fetch started last, and whether it asked for updates."""
+        self._on_updates = 0
+        """Fetches of updates since the last whole state asked for (`REPROBE_EVERY`)."""
 
     def next(self, state_bytes: int, round_s: float) -> tuple[bool, bool | None]:
         """Whether the next fetch asks for updates, and the partner choice's ring for it (None: the
@@ -36,6 +45,10 @@ class FetchChoice:
         if changed:
             log.log(logging.INFO if before is None else logging.WARNING, "%s fetches %s now: %s", self.name,
                     "public-state updates" if fit.updates else "whole states", fit.reason)
+        self._on_updates = self._on_updates + 1 if fit.updates else 0
+        if self._on_updates > REPROBE_EVERY:  # a whole state from the ring partner: it measures that link
+            self._on_updates = 0
+            return False, True
         return fit.updates, fit.updates
 
     def started(self, peer_id: str, updates: bool) -> None:

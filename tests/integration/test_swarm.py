@@ -13,6 +13,7 @@ import pytest
 from swarm_harness import IslandProc, run_until_mixed, start_bootstrap, wait_until
 
 from p2p_diloco.errors import TransportError
+from p2p_diloco.peers.fetchchoice import REPROBE_EVERY
 from p2p_diloco.exchange.client import fetch_manifest
 
 pytestmark = pytest.mark.timeout(240)
@@ -210,12 +211,13 @@ def test_auto_fetches_whole_states_on_a_fast_link_and_updates_on_a_slow_one(proc
         isl.signal(signal.SIGTERM)
     for isl in fast:
         s = isl.summary(60, expect=143)
-        # (on a loaded machine a partner starved of CPU can serve one fetch slowly enough to give way; the
-        # next rate measured takes the island back to whole states, which it says: CI saw 1 in 154)
-        assert s["fetched"]["state"] >= 3 and s["fetched"]["updates"] <= max(1, s["fetched"]["state"] // 20), s
-        assert s["mixes"] >= 3, s
+        # (on a loaded machine a partner starved of CPU can serve one fetch slowly enough to give way; at most
+        # REPROBE_EVERY fetches later a whole state measures the link again and the island goes back, saying so)
         log = isl.tail(100_000)
-        assert log.count("fetches public-state updates now") == log.count("fetches whole states now"), log[-3000:]
+        switched = log.count("fetches public-state updates now")
+        assert s["fetched"]["state"] >= 3 and s["fetched"]["updates"] <= REPROBE_EVERY * switched, s
+        assert s["mixes"] >= 3, s
+        assert switched == log.count("fetches whole states now"), log[-3000:]
     for isl in slow:
         s = isl.summary(60, expect=143)
         # (the first whole state gives way once two of its three chunks showed the rate, unless its last

@@ -80,3 +80,24 @@ def test_an_islands_fetch_choice_gives_way_once_and_says_what_it_fetches(caplog)
     said = [r.getMessage() for r in caplog.records if "fetches" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("i fetches public-state updates now: a whole state (1.00 MB) takes 10.000")
     assert auto.describe().startswith("updates: a whole state (1.00 MB) takes 10.000 rounds")
+
+
+def test_on_updates_an_island_asks_for_a_whole_state_now_and_then_and_goes_back_if_it_fits(caplog):
+    """`REPROBE_EVERY`: an update fetch is too small to measure a link, so a rate measured once while a
+    partner was starved of CPU would keep an island on updates; every so many fetches one asks for the
+    whole state again (silently); when it lands at a fast rate, the island goes back to whole states."""
+    import logging
+
+    from p2p_diloco.core.modes import exchange_mode
+    from p2p_diloco.peers.fetchchoice import REPROBE_EVERY, FetchChoice
+
+    auto, state, round_s = FetchChoice(exchange_mode("auto", "sign"), "i"), 1_000_000, 4.0
+    auto.landed("p", 25_000.0)  # a slow rate: updates
+    asked = [auto.next(state, round_s) for _ in range(2 * REPROBE_EVERY + 2)]
+    assert asked.count((False, True)) == 2 and asked[REPROBE_EVERY] == (False, True)  # from the ring partner
+    assert all(a == (True, True) for k, a in enumerate(asked) if k not in (REPROBE_EVERY, 2 * REPROBE_EVERY + 1))
+    with caplog.at_level(logging.INFO, logger="p2p_diloco.peers.fetchchoice"):
+        auto.landed("p", 1e9)  # the probe landed at loopback's rate
+        assert auto.next(state, round_s) == (False, False)
+    said = [r.getMessage() for r in caplog.records if "fetches" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("i fetches whole states now")
