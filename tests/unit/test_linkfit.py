@@ -96,6 +96,7 @@ def test_on_updates_an_island_asks_for_a_whole_state_now_and_then_and_goes_back_
     asked = [auto.next(state, round_s) for _ in range(2 * REPROBE_EVERY + 2)]
     assert asked.count((False, True)) == 2 and asked[REPROBE_EVERY] == (False, True)  # from the ring partner
     assert all(a == (True, True) for k, a in enumerate(asked) if k not in (REPROBE_EVERY, 2 * REPROBE_EVERY + 1))
+    caplog.clear()  # (what was said before, where an earlier test left the logger at INFO)
     with caplog.at_level(logging.INFO, logger="p2p_diloco.peers.fetchchoice"):
         auto.landed("p", 1e9)  # the probe landed at loopback's rate
         assert auto.next(state, round_s) == (False, False)
