@@ -41,9 +41,11 @@ def test_bench_gpu_runs_on_the_cpu_and_reports_every_figure(procs, tmp_path):
         assert math.isfinite(island["loss_start"]) and math.isfinite(island["loss_end"]), island
         assert island["loss_end"] < island["loss_start"] < 5.6, island  # ln(256) = 5.55 at the start
         assert island["peak_device_bytes"] is None  # no CUDA: torch keeps no count on the CPU
-    # mixed: on a loaded machine one island may start its first round after the other's last (the
-    # suite's first minutes), and then only the first one mixes (its final mix)
-    assert sum(island["mixes"] for island in out["islands"]) >= 1 and all(island["mixes"] >= 0 for island in out["islands"])
+    # the islands met: on a loaded machine one may start its first round after the other's last (the
+    # suite's first minutes), and then only the first one fetches, once or twice: its state may be refused
+    # (the gate's start bound) and its final mix may find the other gone (seen once: 0 mixes, 1 failed fetch)
+    assert all(island["mixes"] >= 0 and island["failed_fetches"] >= 0 for island in out["islands"])
+    assert sum(island["mixes"] + island["failed_fetches"] for island in out["islands"]) >= 1, out["islands"]
     r = out["round"]
     assert r["device"] == "cpu" and r["overhead_s"] > 0 and r["clone_s"] > 0
     assert r["overhead_vs_clone"] == pytest.approx(r["overhead_s"] / r["clone_s"])
