@@ -17,10 +17,11 @@ import click
 from p2p_diloco.cli.config_file import advanced_field, apply_advanced
 from p2p_diloco.cli.options import (
     build_configs, config_file_option, device_options, diloco_options, discovery_config, discovery_options, grouped,
-    model_options, network_config, network_options, retired_option, swarm_secret, user_errors
+    model_options, retired_option, secret_options, swarm_secret, user_errors
 )
 from p2p_diloco.config import (
-    DHT_PORT_OFFSET, PX_PORT_OFFSET, REACH_MODES, SHARDS, DiLoCoConfig, DiscoveryConfig, IslandConfig, TrainConfig
+    DHT_PORT_OFFSET, PX_PORT_OFFSET, REACH_MODES, SHARDS, DiLoCoConfig, DiscoveryConfig, IslandConfig, NetworkConfig,
+    TrainConfig
 )
 
 I = IslandConfig
@@ -30,7 +31,6 @@ JOIN_GROUPS = {
     "Model and data": ("model_size", "data", "vocab_size", "batch_size", "lr", "device", "precision", "shard"),
     "Training": ("local_steps", "momentum", "exchange", "update_codec", "max_tokens", "max_rounds", "max_seconds",
                  "run_dir", "resume"),
-    "Network": ("max_upload_mbps",),
     "Output": ("name", "quiet", "as_json", "help"),
 }
 """How `join --help` lists its options."""
@@ -42,7 +42,8 @@ CONFIG_FILE_ONLY = (
     ("--offload-outer/--no-offload-outer", "diloco", "offload_outer"), ("--round-seconds", "diloco", None),
     ("--mix-weight", "diloco", None), ("--max-staleness", "diloco", None), ("--same-version-wait", "island", None),
     ("--max-stretch", "island", None), ("--eval-every", "island", None), ("--checkpoint-every", "island", None),
-    ("--compression", "network", None), ("--fetch-timeout", "network", "fetch_timeout_s"), ("--dht-port", "discovery", "port"))
+    ("--compression", "network", None), ("--fetch-timeout", "network", "fetch_timeout_s"),
+    ("--max-upload-mbps", "network", None), ("--dht-port", "discovery", "port"))
 """Settings a user rarely changes, set in the config file only (flag, table, field): given as a flag,
 each is a one-line usage error naming its table."""
 
@@ -61,7 +62,7 @@ def _config_file_only(f):
 @click.option("--shard", type=click.Choice(SHARDS), default=TrainConfig.shard, show_default=True,
               help="Under torchrun: replicate the model on every rank (DDP) or shard it over them (fsdp: FSDP2, "
                    "rank 0 keeps a full copy for the swarm).")
-@network_options
+@secret_options("Swarm secret; islands without it can neither fetch nor inject state, nor see or join the member list.")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=str(I.run_dir), show_default=True,
               help="Folder for metrics.jsonl and checkpoints.")
 @click.option("--max-tokens", type=int, default=I.max_tokens, help="Stop after this island trained this many tokens.")
@@ -123,7 +124,7 @@ def run_join(kw: dict, **faults) -> None:
                               max_rounds=kw["max_rounds"], max_seconds=kw["max_seconds"], resume=kw["resume"],
                               name=kw["name"], quiet=kw["quiet"], wait_for=kw["wait_for"])
         c = apply_advanced({"island": island, "model": model, "train": train, "diloco": diloco,
-                            "network": network_config(kw), "discovery": discovery})
+                            "network": NetworkConfig(), "discovery": discovery})
         port, dht_port, px_port = island_ports(c["island"].port, advanced_field("discovery", "port"))
         discovery = dataclasses.replace(c["discovery"], port=dht_port, px_port=px_port)
         train = c["train"]

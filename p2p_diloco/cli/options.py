@@ -226,14 +226,6 @@ def offload_option(f: Callable) -> Callable:
                         help="Keep the anchor and outer momentum in host memory (saves accelerator memory).")(f)
 
 
-def network_options(f: Callable) -> Callable:
-    """Options of the state exchange a user sets: the upload cap and the swarm secret."""
-    f = click.option("--max-upload-mbps", type=float, default=N.max_upload_mbps,
-                     help="Cap on what this island's server sends, Mbit/s.")(f)
-    return secret_options("Swarm secret; islands without it can neither fetch nor inject state, nor see or join the "
-                          "member list.")(f)
-
-
 def secret_options(help: str) -> Callable:
     """`--secret` and `--secret-file` (listed in this order): the swarm secret, or a file holding it."""
 
@@ -300,11 +292,6 @@ def build_configs(kw: dict) -> tuple[ModelConfig, TrainConfig, DiLoCoConfig]:
                           offload_outer=kw.pop("offload_outer", D.offload_outer), exchange=kw.pop("exchange"),
                           update_codec=kw.pop("update_codec"))
     return model, train, diloco
-
-
-def network_config(kw: dict) -> NetworkConfig:
-    """A validated `NetworkConfig` from the `network_options` (pops what it uses)."""
-    return NetworkConfig(max_upload_mbps=kw.pop("max_upload_mbps"))
 
 
 def discovery_options(required: bool = False) -> Callable:
