@@ -20,7 +20,7 @@ from p2p_diloco.core.device import resolve_device
 from p2p_diloco.peers.distributed import IntraIsland, RankFollower
 from p2p_diloco.errors import ConfigError
 from p2p_diloco.peers.island import SwarmIsland
-from p2p_diloco.peers.sharding import InnerHyperParams, gather_on_read, is_sharded, shard_island
+from p2p_diloco.peers.sharding import gather_on_read, is_sharded, rank0_parts, shard_island
 
 
 def join(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None, *,
@@ -66,11 +66,11 @@ def join(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
     full = shard_island(group, model, full_model) if sharded else None
     if group is not None and group.rank > 0:
         return RankFollower(model, group)
-    out = SwarmIsland(model if full is None else full, optimizer if full is None else InnerHyperParams(optimizer),
-                      scheduler, diloco=diloco, network=network, discovery=discovery, island=island, eval_fn=eval_fn,
-                      extra_state=extra_state, tokens_per_step=tokens_per_step, group=group, probe_fn=probe_fn)
-    if full is not None:
-        gather_on_read(out.outer, group, full)
+    whole, inner = rank0_parts(model, optimizer, full)
+    out = SwarmIsland(whole, inner, scheduler, diloco=diloco, network=network, discovery=discovery, island=island,
+                      eval_fn=eval_fn, extra_state=extra_state, tokens_per_step=tokens_per_step, group=group,
+                      probe_fn=probe_fn)
+    gather_on_read(out.outer, group, full)
     return out
 
 

@@ -1,7 +1,8 @@
 """The island process of `p2p-diloco join`: device, torchrun ranks, model and data, signals, the loop.
 
 `run_island` builds what the CLI trains (the project's GPT on the device asked for, under torchrun
-DDP-wrapped or sharded with FSDP2 (`--shard fsdp`, `peers.sharding`), the inner loop and its data) and hands model and optimizer to the public API
+DDP-wrapped or sharded with FSDP2, `--shard fsdp`, `peers.sharding`; the inner loop and its data)
+and hands model and optimizer to the public API
 (`peers.api` / `peers.island`): rank 0 of a torchrun group, or a plain process, is a
 `SwarmIsland`; the other ranks are `RankFollower`s. SIGINT, SIGTERM and SIGHUP (a closed terminal)
 ask the island to stop: the round ends at the next step, a checkpoint is written, the record
@@ -28,7 +29,7 @@ from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.peers.distributed import IntraIsland, RankFollower
 from p2p_diloco.peers.island import SwarmIsland
 from p2p_diloco.peers.runner import Trainer, train
-from p2p_diloco.peers.sharding import InnerHyperParams, gather_on_read, local_numel, sharding
+from p2p_diloco.peers.sharding import gather_on_read, local_numel, rank0_parts, sharding
 from p2p_diloco.terminal import leave_terminal
 
 EVAL_BATCH_SIZE = 16
@@ -110,14 +111,12 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
         else:
             evals = eval_batches(corpus.val, block, cfg.eval_batches, EVAL_BATCH_SIZE)
             probes = eval_batches(corpus.val, block, PROBE_BATCHES, EVAL_BATCH_SIZE, seed=PROBE_SEED)
-            whole = model if full is None else full
-            island = SwarmIsland(whole, trainer.optimizer if full is None else InnerHyperParams(trainer.optimizer),
-                                 diloco=diloco, network=network, discovery=discovery,
+            whole, inner = rank0_parts(model, trainer.optimizer, full)
+            island = SwarmIsland(whole, inner, diloco=diloco, network=network, discovery=discovery,
                                  island=cfg, eval_fn=lambda: evaluate(whole, evals, train_cfg.precision),
                                  probe_fn=None if group is not None else lambda: evaluate(model, probes, train_cfg.precision),
                                  extra_state=trainer, group=group, link=link, stopped=lambda: stop.signum is not None)
-            if full is not None:
-                gather_on_read(island.outer, group, full)
+            gather_on_read(island.outer, group, full)
             seed = int.from_bytes(hashlib.sha256(island.peer_id.encode()).digest()[:4], "little")
             seed = seed if group is None else group.share(seed)
             if on_island is not None:

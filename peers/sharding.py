@@ -204,6 +204,15 @@ def shard_island(group: IntraIsland, model: nn.Module, full_model: nn.Module | N
     return full_model if group.rank == 0 else None
 
 
-def gather_on_read(outer: OuterLoop, group: IntraIsland, full_model: nn.Module) -> None:
-    """Rank 0: `outer` (a `SwarmIsland`'s, over `full_model`) gathers the ranks' weights before reading them."""
-    outer.slices = GatheredSlices(full_model, group)
+def rank0_parts(model: nn.Module, optimizer: torch.optim.Optimizer,
+                full_model: nn.Module | None) -> tuple[nn.Module, Any]:
+    """What rank 0's `SwarmIsland` works on: the model and its optimizer, or, on a sharded island
+    (`full_model` given by `shard_island`), the full copy and the inner optimizer's hyper-parameters."""
+    return (model, optimizer) if full_model is None else (full_model, InnerHyperParams(optimizer))
+
+
+def gather_on_read(outer: OuterLoop, group: IntraIsland | None, full_model: nn.Module | None) -> None:
+    """Rank 0 of a sharded island (`full_model` given): `outer` (a `SwarmIsland`'s, over `full_model`)
+    gathers the ranks' weights before reading them; otherwise nothing."""
+    if full_model is not None:
+        outer.slices = GatheredSlices(full_model, group)

@@ -65,8 +65,7 @@ def worker(way: str, preset: str, steps: int, rounds: int, batch: int) -> None:
     outer = follower = None
     if group.rank == 0:
         outer = OuterLoop("bench", model if full is None else full, DiLoCoConfig(local_steps=steps))
-        if full is not None:
-            gather_on_read(outer, group, full)
+        gather_on_read(outer, group, full)
     else:
         follower = RankFollower(model, group)
     block = cfg.resolved()["block_size"]

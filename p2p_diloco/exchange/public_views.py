@@ -96,22 +96,23 @@ class PublicViews:
 
     def answer(self, hello: wire.Hello) -> payload.Published | None:
         """The packed answer to `hello` (None before the first publish)."""
-        with self._lock:
-            view = self._view
-            if view is None:
-                return None
-            start = view.start(hello.chain, hello.since)
-            if start in self._current:
-                return self._current[start]
+        view, start, packed = self._lookup(hello)
+        if view is None or packed is not None:
+            return packed
         if start is not None:  # updates: immutable
             return self._pack(view, start)
         with self._changing:  # the public state whole, as of the view current now
-            with self._lock:
-                view = self._view
-                start = view.start(hello.chain, hello.since)
-                if start in self._current:
-                    return self._current[start]
-            return self._pack(view, start)
+            view, start, packed = self._lookup(hello)
+            return packed or self._pack(view, start)
+
+    def _lookup(self, hello: wire.Hello) -> tuple[PublicView | None, int | None, payload.Published | None]:
+        """The view served now, where its answer to `hello` starts, and that answer if it is packed."""
+        with self._lock:
+            view = self._view
+            if view is None:
+                return None, None, None
+            start = view.start(hello.chain, hello.since)
+            return view, start, self._current.get(start)
 
     def _pack(self, view: PublicView, start: int | None) -> payload.Published:
         tensors, extra = view.tensors(start)
