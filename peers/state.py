@@ -139,7 +139,7 @@ class StateSource:
                         else "starting from the initial weights")
             return 0
         best = _most_central(states, self.outer.state.phi)
-        self.outer.adopt(best.state)
+        self.outer.adopt(best.state, joined=not started)
         log.info("joined from %s at version %d (%d bytes in %.1f s; %d states compared)", best.record.label,
                  best.state.version, best.wire_bytes, best.seconds, len(states))
         return sum(d.wire_bytes for d in states)

@@ -26,8 +26,8 @@ being mixed, as it would widen one learned from the island's own anchor or momen
   (a fixed relative bound of 1.0 let an anchor x1.5 through).
 
 Before the island's first outer step, `D` is the pseudo-gradient of the round so far, scaled to a
-whole round (`core.island.OuterLoop.progress`); after it adopted a state whole (a join, a
-catch-up), it is read from the momentum it took until its own rounds replace it (`adopted`). BENCHMARKS.md ("A hostile member") measures what
+whole round (`core.island.OuterLoop.progress`); after it joined by adopting a state whole, it is
+read from the momentum it took until its own rounds replace it (`adopted`). BENCHMARKS.md ("A hostile member") measures what
 each bound buys.
 """
 
@@ -71,7 +71,7 @@ class InfluenceBound:
             self.advances.append(advance)
 
     def adopted(self, momentum_norm: float) -> None:
-        """The island took a state whole (a join, a catch-up): until its own rounds are remembered, a
+        """The island joined a running swarm by taking a state whole: until its own rounds are remembered, a
         round's progress is read from the momentum it took, `|m| sqrt(1 - mu^2)` (exact for rounds of
         one size in unrelated directions; rounds that agree sum to more, so this reads a round as up
         to 4.4x what it was at mu 0.9), not from its first rounds after it, which its inner optimizer's

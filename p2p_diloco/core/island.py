@@ -156,8 +156,10 @@ class OuterLoop:
         return [a for _, a in weighted]
 
     @torch.no_grad()
-    def adopt(self, snapshot: PartnerState) -> None:
-        """Start from a partner's state (a joiner never starts from random weights in a running swarm).
+    def adopt(self, snapshot: PartnerState, joined: bool = False) -> None:
+        """Start from a partner's state (a joiner never starts from random weights in a running swarm;
+        `joined`: it had not trained, so its bounds take the adopted momentum's scale,
+        `InfluenceBound.adopted`).
 
         Written into the island's own vectors a slice at a time, so a state that arrived encoded is
         never decoded whole.
@@ -171,7 +173,8 @@ class OuterLoop:
             else:
                 s.m[i:j].copy_(snapshot.m[i:j].to(s.m.device, non_blocking=True))
         s.version, s.tokens = snapshot.version, snapshot.tokens
-        self.influence.adopted(float(s.m.norm()))
+        if joined:
+            self.influence.adopted(float(s.m.norm()))
         self.begin_round()
 
 

@@ -133,12 +133,12 @@ def test_a_joiner_takes_the_scale_of_a_round_from_the_state_it_adopted(trained):
     momentum it adopted until its own rounds replace it."""
     a = trained[0]
     joiner = _island("j", 4)
-    joiner.adopt(PartnerState(a.state.phi.clone(), a.state.m.clone(), a.state.version, a.state.tokens))
+    joiner.adopt(PartnerState(a.state.phi.clone(), a.state.m.clone(), a.state.version, a.state.tokens), joined=True)
     d = joiner.progress()
     assert d == pytest.approx(a.state.m.norm().item() * (1 - joiner.cfg.outer_momentum**2) ** 0.5, rel=1e-5)
     why, _, weight = _judge(joiner, a.state.phi.clone(), a.state.m.clone())
     assert why is None and weight > 0
-    joiner.adopt(PartnerState(a.state.phi.clone(), torch.zeros_like(a.state.m), a.state.version, a.state.tokens))
+    joiner.adopt(PartnerState(a.state.phi.clone(), torch.zeros_like(a.state.m), a.state.version, a.state.tokens), joined=True)
     assert joiner.progress() == pytest.approx(d)  # (a state without momentum says nothing of a round)
 
 
