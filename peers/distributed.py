@@ -25,8 +25,9 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import sys
 
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 import torch
 import torch.distributed as dist
@@ -137,6 +138,11 @@ class IntraIsland:
         dist.broadcast(t, src=0)
         return int(t.item())
 
+    def leave_together(self) -> None:
+        """Every rank, once its island closed cleanly: wait for the others, so that no rank tears its
+        process group down (and exits) while rank 0 still closes (gloo aborted such a rank at exit)."""
+        dist.barrier()
+
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -189,3 +195,15 @@ class RankFollower:
         while not self.done:
             self._follow()
         return {}
+
+
+def exit_process(code: int) -> NoReturn:
+    """End the process with this code. A torchrun rank leaves without the interpreter's finalization:
+    gloo's worker threads can still hold tensors then, and freeing them aborted the rank (SIGABRT,
+    "terminate called without an active exception") after its process group was destroyed."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        sys.exit(code)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -129,6 +129,8 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
         with island:
             train(island, trainer, cfg.max_seconds, size_by_time=by_time)
         summary = island.close()  # (its summary line: `SwarmIsland.close`)
+        if group is not None:
+            group.leave_together()
         if summary:  # what the device's memory came to (the CUDA allocator's peak; None elsewhere), what rank 0 trains
             summary = {**summary, "peak_device_bytes": peak_memory_bytes(device), "shard": train_cfg.shard,
                        "rank_params": local_numel(model)}

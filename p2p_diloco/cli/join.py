@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import click
@@ -111,6 +110,7 @@ def run_join(kw: dict, **faults) -> None:
     import torch
 
     from p2p_diloco.core.device import autocast, resolve_device
+    from p2p_diloco.peers.distributed import exit_process
     from p2p_diloco.peers.process import run_island
 
     with user_errors():
@@ -137,7 +137,7 @@ def run_join(kw: dict, **faults) -> None:
                                    vocab_size=vocab_size, **faults)
     if as_json and summary:  # ranks other than 0 of a torchrun island have no summary
         click.echo(json.dumps(summary))
-    sys.exit(code)
+    exit_process(code)
 
 
 def island_ports(port: int, dht_port: int | None = None) -> tuple[int, int, int]:

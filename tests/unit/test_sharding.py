@@ -85,10 +85,12 @@ def _two_ranks(rank: int, port: int, errors) -> None:
             follower._follow()
         for p, q in zip(params, plain.parameters()):  # ... and every rank's shard took them
             assert torch.allclose(p.full_tensor(), (q.detach() + 1) * 2)
+        dist.barrier()  # (the ranks leave together: a rank that tears gloo down while the other still talks aborts)
         dist.destroy_process_group()
     except BaseException as e:  # report to the parent: an assert in a child would only show as an exit code
         errors.put(f"rank {rank}: {type(e).__name__}: {e}")
         raise
+    os._exit(0)  # (not the interpreter's finalization, as `peers.distributed.exit_process`: gloo aborted it)
 
 
 def test_rank_0_gathers_on_read_and_scatters_what_it_changed():
@@ -107,4 +109,4 @@ def test_rank_0_gathers_on_read_and_scatters_what_it_changed():
     failures = []
     while not errors.empty():
         failures.append(errors.get())
-    assert not failures and all(p.exitcode == 0 for p in procs), failures
+    assert not failures and all(p.exitcode == 0 for p in procs), (failures, [p.exitcode for p in procs])
