@@ -195,12 +195,14 @@ def test_islands_that_exchange_public_state_updates_learn_on_a_fraction_of_the_b
 
 def test_auto_fetches_whole_states_on_a_fast_link_and_updates_on_a_slow_one(procs, tmp_path):
     """`--exchange auto`: on loopback fetches take the whole state; at an emulated 1 Mbit/s a
-    whole state (~180 kB) takes several rounds, so the first one gives way after its probe and every
-    later fetch takes updates (~20 kB), said once, with why, in the log."""
+    whole state (~180 kB, 1.5 s) takes several rounds, so the first one gives way after its probe and
+    every later fetch takes updates (~20 kB), said once, with why, in the log. (The slow islands' rounds
+    are ~0.3 s, -H 25, so that an update fits one: at -H 10, ~0.1 s, updates pile up faster than the
+    link moves them, every fetch lands 10-20 rounds old, and the two refuse each other early on.)"""
     _, entry = start_bootstrap(procs, tmp_path)
     fast = [IslandProc(procs, tmp_path, f"f{k}", entry, "-H", "10", "--max-rounds", "1000", "--wait-for", "2",
                        "--exchange", "auto") for k in range(2)]
-    slow = [IslandProc(procs, tmp_path, f"s{k}", entry, "-H", "10", "--max-rounds", "1000", "--run-id", "slow",
+    slow = [IslandProc(procs, tmp_path, f"s{k}", entry, "-H", "25", "--max-rounds", "1000", "--run-id", "slow",
                        "--wait-for", "2", "--exchange", "auto", "--bandwidth-mbps", "1", "--latency-ms", "20",
                        command=("bench", "member"), every=100) for k in range(2)]
     for isls, what in ((fast, "state"), (slow, "updates")):  # (mixed: a state refused or cut to 0 is not counted)
