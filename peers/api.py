@@ -70,7 +70,8 @@ def join(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
     out = SwarmIsland(whole, inner, scheduler, diloco=diloco, network=network, discovery=discovery, island=island,
                       eval_fn=eval_fn, extra_state=extra_state, tokens_per_step=tokens_per_step, group=group,
                       probe_fn=probe_fn)
-    gather_on_read(out.outer, group, full)
+    if full is not None:
+        gather_on_read(out.outer, group, full)
     return out
 
 
