@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Iterator
 
 from p2p_diloco.config import DiLoCoConfig, NetworkConfig, to_toml
+from p2p_diloco.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +42,9 @@ class DemoConfig:
     """Train this many tokens per island instead of for `minutes` (the swarm benchmark's equal-token budget)."""
     latency_ms: float = 0.0
     """Emulated one-way latency of the islands' links (`bench member --latency-ms`)."""
-    bandwidth_mbps: float | None = None
-    """Emulated rate of the islands' uplinks (`bench member --bandwidth-mbps`)."""
+    bandwidth_mbps: float | tuple[float, ...] | None = None
+    """Emulated rate of the islands' uplinks (`bench member --bandwidth-mbps`): one for all, or one per
+    island (a heterogeneous swarm)."""
     compare: bool = False
     local_steps: int = DiLoCoConfig.local_steps
     compression: str = NetworkConfig.compression
@@ -67,9 +69,15 @@ class DemoConfig:
         return {"island": {"eval_every": 5}, "network": {"compression": self.compression},
                 "diloco": {"offload_outer": self.offload_outer}}
 
-    def island_command(self) -> tuple[str, ...]:
-        """How the islands are started: `join`, or `bench member` with its link emulated."""
-        return tuple(link_command(self.latency_ms, self.bandwidth_mbps))
+    def __post_init__(self) -> None:
+        rates = self.bandwidth_mbps
+        if isinstance(rates, tuple) and (len(rates) != self.islands or min(rates) <= 0):
+            raise ConfigError(f"bandwidth_mbps: one rate > 0 or {self.islands} of them (one per island), got {rates}")
+
+    def island_command(self, k: int) -> tuple[str, ...]:
+        """How island `k` is started: `join`, or `bench member` with its link emulated."""
+        rates = self.bandwidth_mbps
+        return tuple(link_command(self.latency_ms, rates[k] if isinstance(rates, tuple) else rates))
 
 
 def link_command(latency_ms: float, bandwidth_mbps: float | None) -> list[str]:
@@ -215,7 +223,7 @@ def run_swarm(cfg: DemoConfig) -> tuple[Path, list[str], list[dict]]:
     with _signals(_exit_on_signal):  # SIGTERM and SIGHUP end the demo as Ctrl+C does: through `finally`
         try:
             swarm.start_bootstrap()
-            islands = [swarm.start_island(n, args, cfg.island_command()) for n in names]
+            islands = [swarm.start_island(n, args, cfg.island_command(k)) for k, n in enumerate(names)]
             if cfg.dashboard:
                 _dashboard_until_done(swarm, cfg, islands)
             else:

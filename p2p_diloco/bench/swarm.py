@@ -39,13 +39,16 @@ def step_seconds(rows: list[dict]) -> float:
 
 
 def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.tokens,
-                    latency_ms: float = SimConfig.latency_ms, bandwidth_mbps: float | None = SimConfig.bandwidth_mbps,
+                    latency_ms: float = SimConfig.latency_ms,
+                    bandwidth_mbps: float | tuple[float, ...] | None = SimConfig.bandwidth_mbps,
                     compression: str = SimConfig.compression, local_steps: int = DiLoCoConfig.local_steps,
                     workdir: Path | None = None, runs: int = 1, momentum: str = DiLoCoConfig.momentum,
                     exchange: str = DiLoCoConfig.exchange, update_codec: str = DiLoCoConfig.update_codec) -> dict:
     """Run the swarm `runs` times (runs of the same code differ by which partner each island draws
     and when each state lands), then the two simulations once; losses are means over the runs.
-    With `exchange="updates"` the simulation's partners are a ring too, as the islands'."""
+    With `exchange="updates"` the simulation's partners are a ring too, as the islands'. With one
+    rate per island (`bandwidth_mbps`), each is that island's uplink, as `bench member` emulates it;
+    the simulation gives its islands those uploads and downloads as fast as the fastest uplink."""
     from p2p_diloco.config import ModelConfig, TrainConfig
     from p2p_diloco.core.data import load_corpus
     from p2p_diloco.sim.simulator import Simulation
@@ -65,8 +68,10 @@ def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.to
         swarms.append((run_dir, names, summaries, {n: rounds(run_dir / n) for n in names}, wall_s))
     total = sum(s["tokens"] for s in swarms[0][2])
     step_s = step_seconds([r for *_, rows, _ in swarms for island in rows.values() for r in island])
+    uplinks = bandwidth_mbps if isinstance(bandwidth_mbps, tuple) else None
     sim = SimConfig(islands=islands, methods=("gossip", "dp"), tokens=total, latency_ms=latency_ms,
-                    bandwidth_mbps=bandwidth_mbps or 1e6, compression=compression, step_seconds=step_s)
+                    bandwidth_mbps=max(uplinks) if uplinks else bandwidth_mbps or 1e6, upload_mbps=uplinks,
+                    compression=compression, step_seconds=step_s)
     diloco = DiLoCoConfig(local_steps=local_steps, momentum=momentum, exchange=exchange, update_codec=update_codec)
     simulation = Simulation(sim, ModelConfig(), train, diloco, load_corpus())
     gossip, dp = simulation.run("gossip"), simulation.run("dp")
@@ -83,6 +88,7 @@ def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.to
                         "bytes_moved": (moved := sum(s["bytes_in"] for s in summaries)),
                         "bytes_to_sim": moved / (gossip.bytes_sent_per_island * islands),
                         "mixes_per_round": sum(s["mixes"] for s in summaries) / max(1, sum(s["rounds"] for s in summaries)),
+                        "per_island_mixes_per_round": [round(s["mixes"] / max(1, s["rounds"]), 3) for s in summaries],
                         "failed_fetches": sum(s["failed_fetches"] for s in summaries),
                         "swarm_wall_s": round(wall_s, 1), "workdir": str(run_dir)})
     swarm_loss = sum(r["swarm_eval_loss"] for r in per_run) / runs

@@ -61,7 +61,8 @@ def bench_transport(params, compression, latency_ms, bandwidth_mbps, repeat, raw
 @click.option("--islands", "-k", type=click.IntRange(2, 16), default=SimConfig.islands, show_default=True)
 @click.option("--tokens", type=int, default=SimConfig.tokens, show_default=True, help="Total tokens over all islands.")
 @click.option("--latency-ms", type=float, default=SimConfig.latency_ms, show_default=True, help="Emulated one-way latency.")
-@click.option("--bandwidth-mbps", type=float, default=SimConfig.bandwidth_mbps, show_default=True, help="Emulated link bandwidth.")
+@click.option("--bandwidth-mbps", default=str(SimConfig.bandwidth_mbps), show_default=True, callback=csv(float),
+              help="Emulated uplink, Mbit/s: one for every island, or one per island (1000,1000,0.5,0.5).")
 @codec_option(SimConfig.compression)
 @click.option("--local-steps", "-H", type=int, default=DiLoCoConfig.local_steps, show_default=True, help="H (the join default).")
 @click.option("--momentum", type=click.Choice(MOMENTUM_MODES), default=DiLoCoConfig.momentum, show_default=True,
@@ -79,6 +80,10 @@ def bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_
     """Real islands on loopback over an emulated WAN, against the simulator and data parallel."""
     from p2p_diloco.bench.swarm import run_bench_swarm
 
+    if len(bandwidth_mbps) not in (1, islands) or min(bandwidth_mbps, default=0) <= 0:
+        raise click.BadParameter(f"one rate > 0, or {islands} of them (--islands); got {bandwidth_mbps}",
+                                 param_hint="--bandwidth-mbps")
+    bandwidth_mbps = bandwidth_mbps[0] if len(bandwidth_mbps) == 1 else bandwidth_mbps
     out = run_bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_steps,
                           Path(workdir) if workdir else None, runs, momentum, exchange, update_codec)
     if as_json:

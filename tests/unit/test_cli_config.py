@@ -186,6 +186,7 @@ def test_a_flag_join_does_not_take_names_its_config_table(flag, section, field):
     (["join", "--join-timeout", "0"], "Invalid value for '--join-timeout'"),
     (["join", "--data", "no-such-file.txt"], "data path no-such-file.txt does not exist"),
     (["status", "--bootstrap", "tcp://127.0.0.1:9", "--timeout", "0"], "discovery.connect_timeout must be in (0, 600]"),
+    (["bench", "swarm", "--bandwidth-mbps", "1000,0.5"], "one rate > 0, or 4 of them (--islands)"),
 ])
 def test_usage_and_config_errors_exit_2_in_every_command(tmp_path, monkeypatch, args, message):
     """One exit code for a bad setting, whoever checks it (click, a config's own checks, the bootstrap
@@ -210,3 +211,15 @@ def test_the_demo_table_shows_every_island_by_its_whole_name_in_80_columns():
     assert [line.split() for line in body] == [[f"island-{i}", "5.353", "2.792", "12,275,776", "1234", "1000", "3",
                                                 "12", "0.884"] for i in (0, 15)]
     assert "refused" in out.getvalue() and "…" not in out.getvalue()
+
+
+def test_a_demo_of_one_uplink_per_island_starts_each_on_its_own_link():
+    """`bench swarm --bandwidth-mbps 1000,1000,0.5,0.5`: each island's `bench member` emulates its own uplink."""
+    from p2p_diloco.errors import ConfigError
+    from p2p_diloco.peers.demo import DemoConfig
+
+    cfg = DemoConfig(islands=4, latency_ms=100, bandwidth_mbps=(1000.0, 1000.0, 0.5, 0.5))
+    assert [c[c.index("--bandwidth-mbps") + 1] for c in map(cfg.island_command, range(4))] == ["1000.0", "1000.0", "0.5", "0.5"]
+    assert DemoConfig(islands=2).island_command(1) == ("join",)
+    with pytest.raises(ConfigError, match="one rate > 0 or 3 of them"):
+        DemoConfig(islands=3, bandwidth_mbps=(1.0, 2.0))
