@@ -89,7 +89,7 @@ class IntraIsland:
     def init_from_env(device: torch.device, timeout_s: float = 120.0) -> IntraIsland | None:
         """Start the process group when torchrun started more than one process, else None: NCCL
         when the island trains on CUDA (each rank on its own GPU), gloo otherwise."""
-        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        if launched_world() <= 1:
             return None
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
@@ -201,9 +201,14 @@ def exit_process(code: int) -> NoReturn:
     """End the process with this code. A torchrun rank leaves without the interpreter's finalization:
     gloo's worker threads can still hold tensors then, and freeing them aborted the rank (SIGABRT,
     "terminate called without an active exception") after its process group was destroyed."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    if launched_world() <= 1:
         sys.exit(code)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def launched_world() -> int:
+    """How many processes torchrun started for this island (1 without torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))

@@ -26,7 +26,7 @@ from p2p_diloco.core.inner import evaluate
 from p2p_diloco.core.model import build_model
 from p2p_diloco.errors import JoinStopped
 from p2p_diloco.exchange.linkemu import EmulatedLink
-from p2p_diloco.peers.distributed import IntraIsland, RankFollower
+from p2p_diloco.peers.distributed import IntraIsland, RankFollower, launched_world
 from p2p_diloco.peers.island import SwarmIsland
 from p2p_diloco.peers.runner import Trainer, train
 from p2p_diloco.peers.sharding import gather_on_read, local_numel, rank0_parts, sharding
@@ -88,7 +88,7 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
     does `link`, a WAN link to emulate."""
     device = resolve_device(train_cfg.device)
     # DDP or FSDP2 under torchrun (`peers.sharding`); a shard without torchrun fails here, before anything starts
-    strategy = sharding(train_cfg.shard, int(os.environ.get("WORLD_SIZE", "1")))
+    strategy = sharding(train_cfg.shard, launched_world())
     group = IntraIsland.init_from_env(device)
     stop = _StopFlag()
     previous = {sig: signal.signal(sig, stop) for sig in stop.signals()}
