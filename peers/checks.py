@@ -103,9 +103,9 @@ class PartnerChecks:
         gate, whose start bound is the island's own progress); `d`: `OuterLoop.progress()`."""
         if measured is None:
             return None
-        bound = self.outer.influence
-        return (bound.momentum(measured.momentum, d) or bound.size(measured.norm, measured.anchor_norm, d)
-                or bound.behind(measured.along, self.outer.state.version - state.version)
+        bound, lag = self.outer.influence, self.outer.state.version - state.version
+        return (bound.momentum(measured.momentum, d) or bound.size(measured.norm, measured.anchor_norm, d, lag)
+                or bound.behind(measured.along, lag)
                 or self.gate.judge(measured.distance, bound.start_bound(d, measured.anchor_norm, measured.noise)))
 
     def figures(self, measured: Measured, d: float | None) -> dict:

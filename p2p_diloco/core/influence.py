@@ -14,10 +14,11 @@ being mixed, as it would widen one learned from the island's own anchor or momen
   of its norm, far more than a round of warmup moves it).
 - **Momentum**: refused when its norm exceeds `MOMENTUM_RATIO x D / (1 - mu)`; an honest momentum
   sums pseudo-gradients decaying by mu, so its norm stays under `D / (1 - mu)`.
-- **Size**: a state whose anchor's norm differs from the island's own by more than `SIZE_ROUNDS x D`
-  is refused: an honest partner's weights grow or shrink as the island's own do, a round's progress
-  apart at most, while a scaled state (x1.5) can sit closer than honest partners do early on, when
-  the weights move fast.
+- **Size**: a state whose anchor's norm differs from the island's own by more than `SIZE_ROUNDS x D`,
+  plus a round for each version the two states are apart, is refused: an honest partner's weights
+  grow or shrink as the island's own do, a round's progress apart at most at one version (an island
+  resumed behind the swarm is as many rounds from it as it is versions), while a scaled state (x1.5)
+  can sit closer than honest partners do early on, when the weights move fast.
 - **Behind**: a state that sits more than `BEHIND_ROUNDS` of the island's own rounds back along the
   direction it progresses in (its momentum), beyond the versions the state's own version lags, is
   refused: stuck training, a restored old checkpoint or a reversed change passes a distance gate,
@@ -106,13 +107,15 @@ class InfluenceBound:
                 f"this island's own pseudo-gradients sum to)")
 
     @staticmethod
-    def size(norm: float, own_norm: float, d: float | None) -> str | None:
-        """Why a state whose anchor has norm `norm` is refused, against the island's own `own_norm`
-        (None: it is not)."""
-        if d is None or abs(norm - own_norm) <= SIZE_ROUNDS * d:
+    def size(norm: float, own_norm: float, d: float | None, lag: int) -> str | None:
+        """Why a state whose anchor has norm `norm`, `lag` versions from the island's (either way), is
+        refused, against the island's own `own_norm` (None: it is not)."""
+        bound = SIZE_ROUNDS + abs(lag)
+        if d is None or abs(norm - own_norm) <= bound * d:
             return None
         return (f"implausible size: its weights' norm is {norm / max(own_norm, 1e-12):.3g} x this island's, "
-                f"{abs(norm - own_norm) / d:.1f} of its rounds of progress apart (bound {SIZE_ROUNDS:g})")
+                f"{abs(norm - own_norm) / d:.1f} of its rounds of progress apart at {abs(lag)} versions' lag "
+                f"(bound {bound:g})")
 
     def rounds_behind(self, along: float | None) -> float | None:
         """How many of the island's own rounds a state sits back along its progress (None: unknown)."""

@@ -99,6 +99,14 @@ def test_a_stale_partner_is_judged_at_its_lag():
     assert bound.behind(along=None, lag=0) is None and InfluenceBound(0.5).behind(along=10.0, lag=0) is None
 
 
+def test_a_state_versions_apart_may_differ_in_size_by_as_many_rounds():
+    """An island resumed 5 versions behind the swarm is about 5 rounds of progress from its states."""
+    assert InfluenceBound.size(norm=15.0, own_norm=10.0, d=1.0, lag=-5) is None
+    assert InfluenceBound.size(norm=5.0, own_norm=10.0, d=1.0, lag=5) is None
+    assert "bound 2" in InfluenceBound.size(norm=15.0, own_norm=10.0, d=1.0, lag=0)
+    assert InfluenceBound.size(norm=15.0, own_norm=10.0, d=None, lag=0) is None
+
+
 def test_the_weight_is_cut_to_the_bound():
     bound = InfluenceBound(outer_momentum=0.5)
     assert bound.clip(0.5, gap=10.0, d=None) == 0.5  # nothing to learn from yet
