@@ -29,6 +29,9 @@ from p2p_diloco.exchange.server import SnapshotServer
 from p2p_diloco.peers.identity import Identity
 from p2p_diloco.peers.plausibility import Measured, measure
 
+SERVING_S = 2.0
+"""A reply went out this recently: a partner's fetch is under way (a 64 kB chunk takes 1 s at 0.5 Mbit/s)."""
+
 
 class Publisher:
     """Publishes the state of one island's `OuterLoop` on its `SnapshotServer` (see the module docstring)."""
@@ -69,6 +72,14 @@ class Publisher:
         """Bytes of the whole state served now (what a partner's fetch of it moves; 0 before the first publish)."""
         latest = self.server.latest()
         return 0 if latest is None else latest[0].total
+
+    def published_last(self) -> None:
+        """This island publishes nothing newer: partners waiting for its next version get this one."""
+        self.server.published_last()
+
+    def serving(self) -> bool:
+        """A partner is fetching from this island: a reply went out within `SERVING_S`."""
+        return self.server.sent_within(SERVING_S) > 0
 
     def partner_copies(self) -> dict:
         """With `exchange="updates"`, what the gossip worker needs to hold its partners' public states

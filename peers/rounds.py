@@ -245,8 +245,8 @@ class Rounds:
         For `FINAL_MIX_WAIT_S` (or the round's own wait, if longer) only a partner at this island's
         version or one behind is fetched, and the fetch waits for it to publish this version, as a
         round's start does (discovery may show a partner's last versions a second late); then any
-        partner. A lone island skips it. At most `FINAL_MIX_WAIT_S` plus the fetch timeout. Returns
-        the exchange's figures, or None when nothing was mixed."""
+        partner. A lone island skips it. At most `FINAL_MIX_WAIT_S` plus the fetch timeout, and as much
+        again to serve a partner's fetch. Returns the exchange's figures, or None when nothing was mixed."""
         rnd = self.rnd
         deadline = max(rnd.fresh_until, time.monotonic() + FINAL_MIX_WAIT_S)
         while not (rnd.fetching or self.stopped() or time.monotonic() >= deadline or self._alone()):
@@ -277,14 +277,16 @@ class Rounds:
         return not self._others_training()
 
     def _linger(self, until: float) -> None:
-        """Serve this island's last state (until `until` at most) while a member still training is
-        behind it, and `LINGER_GRACE_S` after the last one caught up: that member may want this
-        state for its own final mix, and discovery shows its catching up a second late."""
-        v, behind_seen = self.outer.state.version, None
-        while time.monotonic() < until and not self.stopped():
-            if any(r.version < v for r in self._others_training()):
-                behind_seen = time.monotonic()
-            elif behind_seen is None or time.monotonic() - behind_seen >= LINGER_GRACE_S:
+        """Serve this island's last state while a member still training is behind it (until `until`
+        at most) or a partner's fetch from it is under way (a fetch timeout longer at most), and
+        `LINGER_GRACE_S` after both ended: that member may want this state for its own final mix,
+        and discovery shows its catching up a second late."""
+        self.publisher.published_last()
+        v, seen, end = self.outer.state.version, None, until + self.network.fetch_timeout_s
+        while not self.stopped() and (now := time.monotonic()) < end:
+            if (now < until and any(r.version < v for r in self._others_training())) or self.publisher.serving():
+                seen = now
+            elif seen is None or now - seen >= LINGER_GRACE_S:
                 return
             time.sleep(RETRY_FINAL_S)
 

@@ -26,14 +26,17 @@ class ParkedHellos:
 
     def __init__(self) -> None:
         self._held: dict[bytes, tuple[wire.Hello, str, float]] = {}
+        self.final = False
+        """The server publishes nothing newer (its island is leaving): no HELLO waits any more (set by
+        any thread)."""
 
     def __len__(self) -> int:
         return len(self._held)
 
     def park(self, ident: bytes, req: wire.Hello, peer: str, now: float) -> list[tuple[bytes, wire.Hello, str]]:
         """Hold `req` until `now + wait_ms`; returns the HELLOs to answer at once: `req` itself when
-        no more can be held, the connection's older one when it had one, else none."""
-        if len(self._held) >= MAX_PARKED and ident not in self._held:
+        no more can be held or nothing newer comes, the connection's older one when it had one, else none."""
+        if self.final or (len(self._held) >= MAX_PARKED and ident not in self._held):
             return [(ident, req, peer)]
         older = self._held.pop(ident, None)
         self._held[ident] = (req, peer, now + req.wait_ms / 1000)
@@ -41,9 +44,9 @@ class ParkedHellos:
 
     def due(self, published: Callable[[wire.Hello], int], now: float) -> list[tuple[bytes, wire.Hello, str]]:
         """Take the HELLOs whose version is published (`published(hello)` is the version that
-        hello would be answered with) or whose wait is over."""
+        hello would be answered with) or whose wait is over (all of them once nothing newer comes)."""
         out = [(ident, req, peer) for ident, (req, peer, until) in self._held.items()
-               if now >= until or published(req) >= req.want]
+               if now >= until or self.final or published(req) >= req.want]
         for ident, _, _ in out:
             del self._held[ident]
         return out

@@ -136,14 +136,23 @@ class SnapshotServer:
         """Counters for the dashboard: requests, bytes sent, rejections by reason, upload rate."""
         with self._lock:
             out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self._stats.items()}
-            now = time.monotonic()
-            recent = sum(n for t, n in self._sent_log if now - t <= 2.0)
-        out["upload_bytes_per_s"] = recent / 2.0
+        out["upload_bytes_per_s"] = self.sent_within(2.0) / 2.0
         out["version"] = self._latest.manifest.version if self._latest else None
         out["snapshots_held"] = len(self._shelf.held())
         out["hellos_waiting"] = len(self._parked)
         out.update(self._push.stats)
         return out
+
+    def published_last(self) -> None:
+        """Nothing newer will be published (the island is leaving): HELLOs waiting for a newer version
+        are answered with the latest now, and no new one waits."""
+        self._parked.final = True
+
+    def sent_within(self, seconds: float) -> int:
+        """Bytes sent over the last `seconds` (of the last 4096 replies)."""
+        with self._lock:
+            now = time.monotonic()
+            return sum(n for t, n in self._sent_log if now - t <= seconds)
 
     def latest(self) -> tuple[wire.Manifest, memoryview] | None:
         """The snapshot served now and its payload bytes (what this island pushes to a partner), or None."""

@@ -76,6 +76,21 @@ def test_when_the_wait_is_over_the_hello_gets_the_version_there_is(srv, dealers)
     assert 0.25 < time.monotonic() - started < 2.0
 
 
+def test_a_server_leaving_answers_the_hellos_that_wait_and_holds_no_more(srv, dealers):
+    """An island that finished publishes nothing newer: a partner's final fetch gets its last state now."""
+    sock = dealers(srv.endpoint)
+    sock.send_multipart(_hello(1, want=9))
+    assert isinstance(_next(sock), wire.Waiting)
+    sent = srv.sent_within(5.0)
+    srv.published_last()
+    reply = _next(sock, wait_ms=1000)
+    assert isinstance(reply, wire.ManifestReply) and reply.manifest.version == 3
+    sock.send_multipart(_hello(2, want=9))
+    reply = _next(sock, wait_ms=1000)
+    assert isinstance(reply, wire.ManifestReply) and reply.rid == 2 and srv.stats()["hellos_waiting"] == 0
+    assert srv.sent_within(5.0) > sent and srv.sent_within(0.0) == 0  # what a leaving island's linger reads
+
+
 def test_a_connection_holds_one_hello_and_the_server_a_bounded_number(srv, dealers, monkeypatch):
     first = dealers(srv.endpoint)
     first.send_multipart(_hello(1, want=9))
