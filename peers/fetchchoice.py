@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import logging
 
-from p2p_diloco.core.linkfit import LinkFit
+from p2p_diloco.core.linkfit import PROBE_SHARE, LinkFit
 from p2p_diloco.core.modes import Exchange
 
 log = logging.getLogger(__name__)
 
 REPROBE_EVERY = 8
-"""On updates, every this many fetches one asks for the whole state again (a probe, said nowhere):
+"""On updates, every this many fetches one asks for the whole state again (a probe, said nowhere)
+unless one of them measured the link as a probe does (its data flowed for `PROBE_SHARE` of a round):
 on a link still too slow it gives way within a twentieth of a round; otherwise it lands, measures
-the link, and the island goes back to whole states (said once). An update fetch is too small to
-measure a link, so without it one rate measured while a partner was starved of CPU would keep an
-island on updates on a fast link. The simulator's links are what it models, so it does not probe."""
+the link, and the island goes back to whole states (said once). On a fast link an update fetch is
+too small to measure it, so without the probe one rate measured while a partner was starved of CPU
+would keep an island on updates there; on a slow one an update measures the link, and a probe would
+cost the round its mix. The simulator's links are
+what it models, so it does not probe."""
 
 
 class FetchChoice:
@@ -34,22 +37,35 @@ class FetchChoice:
         """The partner of the fetch started last, and whether it asked for updates."""
         self._on_updates = 0
         """Fetches of updates since the last whole state asked for (`REPROBE_EVERY`)."""
+        self._measured = False
+        """One of those measured the link."""
+        self._round_s = 0.0
 
     def next(self, state_bytes: int, round_s: float) -> tuple[bool, bool | None]:
         """Whether the next fetch asks for updates, and the partner choice's ring for it (None: the
         chooser's own). With `--exchange auto` a change is said once."""
         if self.fit is None:
             return True, None
-        before = self.fit.fit
+        before, self._round_s = self.fit.fit, round_s
         fit, changed = self.fit.choose(state_bytes, round_s)
         if changed:
             log.log(logging.INFO if before is None else logging.WARNING, "%s fetches %s now: %s", self.name,
                     "public-state updates" if fit.updates else "whole states", fit.reason)
         self._on_updates = self._on_updates + 1 if fit.updates else 0
-        if self._on_updates > REPROBE_EVERY:  # a whole state from the ring partner: it measures that link
-            self._on_updates = 0
-            return False, True
+        if self._on_updates > REPROBE_EVERY:
+            self._on_updates, measured, self._measured = 0, self._measured, False
+            if not measured:  # a whole state from the ring partner: it measures that link
+                return False, True
         return fit.updates, fit.updates
+
+    def waits(self, updates: bool) -> bool:
+        """Whether a fetch asking for updates (or not) may wait for its partner to publish this
+        island's version (`IslandConfig.same_version_wait`). Not one of `--exchange auto` on updates,
+        which it chose because the link is slow: there an update takes a good share of a round, and
+        a wait would land it in the next one, staler than the version it waited for. Nor its first
+        whole state, before any rate was measured: on a slow link it is a probe that gives way, and
+        the updates that follow it in the same round have no time for a wait."""
+        return not (self.fit is not None and (updates or self.fit.rate() is None))
 
     def started(self, peer_id: str, updates: bool) -> None:
         self._running = (peer_id, updates)
@@ -72,10 +88,12 @@ class FetchChoice:
         self._running = (self._running[0], True)
         return True
 
-    def landed(self, peer_id: str, rate_bps: float) -> None:
-        """A fetch from `peer_id` finished, at this rate (bytes per second)."""
+    def landed(self, peer_id: str, rate_bps: float, nbytes: int) -> None:
+        """A fetch from `peer_id` finished, at this rate (bytes per second), bringing `nbytes`."""
         if self.fit is not None:
             self.fit.measured(peer_id, rate_bps)
+            if rate_bps > 0 and self._running == (peer_id, True) and nbytes / rate_bps >= PROBE_SHARE * self._round_s:
+                self._measured = True  # an update that took as long as a probe: it measured the link
 
     def describe(self) -> str:
         """What the island fetches now and why, for its record ("" with a fixed exchange)."""

@@ -200,7 +200,7 @@ class Rounds:
             return True
         v, members = self.outer.state.version, self.membership.members()
         updates, ring = self.choice.next(self.publisher.state_bytes, self.last_round_s)
-        if fresh_until is None:
+        if fresh_until is None or not self.choice.waits(updates):
             partner = self.chooser.choose(members, v, ring=ring)
             started = partner is not None and self.gossip.start(partner, updates=updates)
         else:
@@ -231,7 +231,7 @@ class Rounds:
         if result.snapshot is not None and not result.pushed:
             info["fetched"] = "state" if result.public is None else "updates"
             self.tally.fetched[info["fetched"]] += 1
-            self.choice.landed(result.peer_id, result.rate_bps)
+            self.choice.landed(result.peer_id, result.rate_bps, result.nbytes)
         if "fetch_error" in info and "refused" not in info:
             self.tally.failed += 1
             self.alone.fetch_failed(info["fetch_error"])

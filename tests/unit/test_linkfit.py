@@ -92,13 +92,42 @@ def test_on_updates_an_island_asks_for_a_whole_state_now_and_then_and_goes_back_
     from p2p_diloco.peers.fetchchoice import REPROBE_EVERY, FetchChoice
 
     auto, state, round_s = FetchChoice(exchange_mode("auto", "sign"), "i"), 1_000_000, 4.0
-    auto.landed("p", 25_000.0)  # a slow rate: updates
+    auto.landed("p", 25_000.0, state)  # a slow rate: updates
     asked = [auto.next(state, round_s) for _ in range(2 * REPROBE_EVERY + 2)]
     assert asked.count((False, True)) == 2 and asked[REPROBE_EVERY] == (False, True)  # from the ring partner
     assert all(a == (True, True) for k, a in enumerate(asked) if k not in (REPROBE_EVERY, 2 * REPROBE_EVERY + 1))
     caplog.clear()  # (what was said before, where an earlier test left the logger at INFO)
     with caplog.at_level(logging.INFO, logger="p2p_diloco.peers.fetchchoice"):
-        auto.landed("p", 1e9)  # the probe landed at loopback's rate
+        auto.started("p", False)
+        auto.landed("p", 1e9, state)  # the probe landed at loopback's rate
         assert auto.next(state, round_s) == (False, False)
     said = [r.getMessage() for r in caplog.records if "fetches" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("i fetches whole states now")
+
+
+def test_an_update_that_took_as_long_as_a_probe_measured_the_link_and_spares_the_probe():
+    """On a slow link each update's chunks measure it: a probe there would only cost a round its mix."""
+    from p2p_diloco.core.modes import exchange_mode
+    from p2p_diloco.peers.fetchchoice import REPROBE_EVERY, FetchChoice
+
+    auto, state, round_s = FetchChoice(exchange_mode("auto", "sign"), "i"), 1_000_000, 4.0
+    auto.landed("p", 25_000.0, state)
+    asked = []
+    for _ in range(2 * REPROBE_EVERY + 2):
+        asked.append(auto.next(state, round_s))
+        auto.started("p", asked[-1][0])
+        auto.landed("p", 25_000.0, 100_000)  # 4 s of data, a round: as good a measurement as a probe
+    assert all(a == (True, True) for a in asked)
+    assert not auto.waits(True) and auto.waits(False)  # (on updates it does not wait for a partner's version)
+
+
+def test_only_the_first_whole_state_of_auto_skips_the_wait_for_a_partners_version():
+    from p2p_diloco.core.modes import exchange_mode
+    from p2p_diloco.peers.fetchchoice import FetchChoice
+
+    auto = FetchChoice(exchange_mode("auto", "sign"), "i")
+    assert not auto.waits(False)  # no rate yet: a probe, whose updates follow in the same round
+    auto.landed("p", 1e9, 1_000_000)
+    assert auto.waits(False) and not auto.waits(True)
+    fixed = FetchChoice(exchange_mode("updates", "sign"), "i")
+    assert fixed.waits(True) and fixed.waits(False)
