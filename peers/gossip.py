@@ -169,8 +169,9 @@ class GossipWorker:
         return True
 
     def progress(self) -> tuple[float, int, float, float] | None:
-        """The running fetch's seconds so far, the bytes it received, the seconds since its first chunk
-        and its data rate since (NaN before a second chunk); None when none runs."""
+        """The running fetch's seconds so far, the bytes it received, the seconds since its data began to
+        flow and its data rate (before a second chunk, an upper bound; `Fetcher.data_progress`); None
+        when none runs."""
         running = self._running
         if running is None:
             return None

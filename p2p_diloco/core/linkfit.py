@@ -12,7 +12,9 @@ choice each round.
 Both choices pay a fetch's round trips, so what decides is the transfer: a whole state's bytes at
 the rate measured from partners, against a round. A fetch's rate is measured between its chunks'
 arrivals (`exchange.client.FetchStats.data_bytes_per_s`), so that neither a long round trip nor the
-wait for a partner's next version passes for a slow link.
+wait for a partner's next version passes for a slow link. A running fetch is judged before its
+second chunk by an upper bound on the rate (what arrived and the chunk under way, over the time
+since its manifest came): on a slow link one 64 KiB chunk takes longer than the probe.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ class LinkFit:
     @staticmethod
     def give_way(data_s: float, rate_bps: float, received: int, state_bytes: int, round_s: float) -> bool:
         """Whether a running whole-state fetch should give way to updates: one whose data has flowed
-        for `data_s` seconds at `rate_bps` (NaN: not measured yet) and brought `received` bytes,
+        for `data_s` seconds at `rate_bps` (at most; NaN: not measured yet) and brought `received` bytes,
         judged after `PROBE_SHARE` of a round, once the rest would take more than `UPDATES_ABOVE` of one."""
         if round_s <= 0 or not rate_bps > 0 or data_s < PROBE_SHARE * round_s:
             return False
