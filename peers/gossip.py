@@ -168,10 +168,10 @@ class GossipWorker:
         running[1].cancel()
         return True
 
-    def progress(self) -> tuple[float, int, float, float] | None:
+    def progress(self) -> tuple[float, int, float, float, bool] | None:
         """The running fetch's seconds so far, the bytes it received, the seconds since its data began to
-        flow and its data rate (before a second chunk, an upper bound; `Fetcher.data_progress`); None
-        when none runs."""
+        flow, its data rate and whether that is only an upper bound (before a second chunk;
+        `Fetcher.data_progress`); None when none runs."""
         running = self._running
         if running is None:
             return None

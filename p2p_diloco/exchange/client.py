@@ -107,14 +107,14 @@ class Fetcher:
 
     # -- public -----------------------------------------------------------------------------------
 
-    def data_progress(self) -> tuple[float, float]:
-        """The running fetch's seconds since its data began to flow (its manifest came) and its data
-        rate (bytes per second; before a second chunk, an upper bound, `Transfer.rate_bound`): for
-        another thread to judge it by (`core.linkfit`)."""
+    def data_progress(self) -> tuple[float, float, bool]:
+        """The running fetch's seconds since its data began to flow (its manifest came), its data rate
+        (bytes per second) and whether that is only an upper bound (before a second chunk,
+        `Transfer.rate_bound`): for another thread to judge it by (`core.linkfit`)."""
         tr, now = self._transfer, time.monotonic()
         if tr is None:
-            return 0.0, math.nan
-        return now - tr.began_at, tr.rate_bound(now)
+            return 0.0, math.nan, False
+        return now - tr.began_at, *tr.rate_bound(now)
 
     def cancel(self) -> None:
         """Give up the running fetch (from another thread): it raises `FetchCancelled` at its next chunk."""

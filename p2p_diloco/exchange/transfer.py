@@ -47,15 +47,15 @@ class Transfer:
         span = self.last_at - self.first_at if self.first_at is not None else 0.0
         return (self.received - self.first_n) / span if span > 0 else math.nan
 
-    def rate_bound(self, now: float) -> float:
-        """The data rate; before a second chunk, an upper bound on it: what has arrived and the next
-        chunk, which has not, over the time since the transfer began (NaN: no time yet). On a slow
-        link a 64 KiB chunk takes a second (0.5 Mbit/s): the bound judges a fetch well before then."""
+    def rate_bound(self, now: float) -> tuple[float, bool]:
+        """The data rate, and whether it is only an upper bound: before a second chunk, what has arrived
+        and the next chunk, which has not, over the time since the transfer began (NaN: no time yet).
+        On a slow link a 64 KiB chunk takes a second (0.5 Mbit/s): the bound judges a fetch well before then."""
         rate = self.data_rate()
         span = now - self.began_at
         if math.isfinite(rate) or span <= 0:
-            return rate
-        return (self.received + (self.inflight[0][1] if self.inflight else 0)) / span
+            return rate, False
+        return (self.received + (self.inflight[0][1] if self.inflight else 0)) / span, True
 
     @classmethod
     def after(cls, hello: wire.Hello, m: wire.Manifest, stall: float) -> Transfer:

@@ -13,6 +13,7 @@ import pytest
 from swarm_harness import IslandProc, run_until_mixed, start_bootstrap, wait_until
 
 from p2p_diloco.errors import TransportError
+from p2p_diloco.core.linkfit import UPDATES_ABOVE
 from p2p_diloco.peers.fetchchoice import REPROBE_EVERY
 from p2p_diloco.exchange.client import fetch_manifest
 
@@ -179,15 +180,20 @@ def test_islands_that_exchange_public_state_updates_learn_on_a_fraction_of_the_b
     model = build_model(ModelConfig(n_layer=2, n_embd=64, n_head=4, block_size=64))  # swarm_harness.SMALL_MODEL
     int8_state = encoded_nbytes(sum(p.numel() for p in model.parameters()), "int8")
     _, entry = start_bootstrap(procs, tmp_path)
+    # (max_staleness 30: a round here takes ~0.2 s, and the ring passes over a successor whose record, as
+    # discovery last showed it, is more than max_staleness versions behind; on a loaded machine records
+    # lag by seconds, and one island fetched its other partner all run long)
     islands = [IslandProc(procs, tmp_path, f"u{k}", entry, "-H", "10", "--max-rounds", "1000", "--exchange", "updates",
-                          "--wait-for", "3") for k in range(3)]
+                          "--wait-for", "3", settings={"diloco": {"max_staleness": 30}}) for k in range(3)]
     summaries = run_until_mixed(islands, 10, 150, mixes_once_all_in=12)
     ids = sorted(s["peer_id"] for s in summaries)
     for isl, s in zip(islands, summaries):
         assert s["eval_loss"] < s["initial_loss"] - 1.0, s
         successor = next((i for i in ids if i > s["peer_id"]), ids[0])
         mixed = [r["partner"] for r in isl.rounds() if r.get("weight")]
-        assert collections.Counter(mixed[-6:]).most_common(1)[0][0] == successor, mixed  # the ring, once all are in
+        # the ring, once all are in (the rows say why, where it is not)
+        assert collections.Counter(mixed[-6:]).most_common(1)[0][0] == successor, (successor, mixed, [
+            {k: r.get(k) for k in ("version", "partner", "staleness", "fetch_error", "refused")} for r in isl.rounds()[-8:]])
         update_rounds = [r["bytes_in"] for r in isl.rounds() if r.get("weight") and r["version"] > 6]
         assert update_rounds and statistics.median(update_rounds) < int8_state / 3, (update_rounds, int8_state)
         assert not any(r.get("refused") for r in isl.rounds())
@@ -226,9 +232,13 @@ def test_auto_fetches_whole_states_on_a_fast_link_and_updates_on_a_slow_one(proc
         # one arrives first)
         assert s["fetched"]["state"] <= 1 and s["fetched"]["updates"] >= 3 and s["failed_fetches"] == 0, s
         assert s["mixes"] >= 3, s
-        said = re.findall(r"fetches public-state updates now: a whole state \(0\.\d+ MB\) takes ([\d.]+) rounds",
-                          isl.tail(100_000))
-        assert len(said) == 1 and float(said[0]) > 1, said
+        # (when its first chunk is not in by the probe's end, the rate is only bounded: "over" so many rounds;
+        # on a loaded machine an update whose chunks were read late, together, can show a fast link once:
+        # the island goes back to whole states, saying so, and its next one gives way again)
+        log = isl.tail(100_000)
+        said = re.findall(r"fetches public-state updates now: a whole state \(0\.\d+ MB\) takes (?:over )?([\d.]+) "
+                          r"rounds", log)
+        assert len(said) == 1 + log.count("fetches whole states now") and min(map(float, said)) > UPDATES_ABOVE, said
     assert any("gave_way" in r for isl in slow for r in isl.rounds())  # a whole state was given up for updates
 
 

@@ -174,11 +174,11 @@ def test_before_its_second_chunk_a_transfer_bounds_its_rate_from_above():
 
     tr = Transfer(inflight=deque([(0, 65536, 1, None), (65536, 65536, 1, None)]), next_off=131072, in_bytes=131072,
                   stall=1e9, began_at=100.0)
-    assert tr.rate_bound(100.0) != tr.rate_bound(100.0)  # no time yet: NaN
-    assert tr.rate_bound(100.5) == pytest.approx(65536 / 0.5)  # nothing in: at most the first chunk in 0.5 s
+    assert tr.rate_bound(100.0)[0] != tr.rate_bound(100.0)[0]  # no time yet: NaN
+    assert tr.rate_bound(100.5) == (pytest.approx(65536 / 0.5), True)  # nothing in: at most the first chunk in 0.5 s
     tr.inflight.popleft()
     tr.arrived(65536, 101.0)
-    assert tr.rate_bound(102.0) == pytest.approx(2 * 65536 / 2.0)
+    assert tr.rate_bound(102.0) == (pytest.approx(2 * 65536 / 2.0), True)
     tr.inflight.popleft()
     tr.arrived(65536, 102.0)
-    assert tr.rate_bound(103.0) == pytest.approx(65536 / 1.0)  # two chunks: measured between them
+    assert tr.rate_bound(103.0) == (pytest.approx(65536 / 1.0), False)  # two chunks: measured between them
