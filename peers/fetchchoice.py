@@ -75,17 +75,16 @@ class FetchChoice:
         """A whole-state fetch of `--exchange auto` was started and not judged yet (`give_way`)."""
         return self.fit is not None and self._running is not None and not self._running[1]
 
-    def give_way(self, progress: tuple[float, int, float, float, bool] | None, state_bytes: int,
-                 round_s: float) -> bool:
+    def give_way(self, progress: tuple[float, int, float, float] | None, state_bytes: int, round_s: float) -> bool:
         """Whether the running fetch (`GossipWorker.progress()`) is a whole state that will not fit the
-        link and should be given up for updates (`LinkFit.give_way`); the rate it showed is measured
-        (or its upper bound kept, `LinkFit.bounded`). A fetch is judged so once."""
+        link and should be given up for updates (`LinkFit.give_way`); the rate it showed is measured.
+        A fetch is judged so once."""
         if not self.judging or progress is None:
             return False
-        _, received, data_s, rate, bound = progress
+        _, received, data_s, rate = progress
         if not self.fit.give_way(data_s, rate, received, state_bytes, round_s):
             return False
-        (self.fit.bounded if bound else self.fit.measured)(self._running[0], rate)
+        self.fit.measured(self._running[0], rate)
         self._running = (self._running[0], True)
         return True
 

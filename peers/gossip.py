@@ -168,10 +168,9 @@ class GossipWorker:
         running[1].cancel()
         return True
 
-    def progress(self) -> tuple[float, int, float, float, bool] | None:
-        """The running fetch's seconds so far, the bytes it received, the seconds since its data began to
-        flow, its data rate and whether that is only an upper bound (before a second chunk;
-        `Fetcher.data_progress`); None when none runs."""
+    def progress(self) -> tuple[float, int, float, float] | None:
+        """The running fetch's seconds so far, the bytes it received, the seconds since its first chunk
+        and its data rate since (NaN before a second chunk); None when none runs."""
         running = self._running
         if running is None:
             return None

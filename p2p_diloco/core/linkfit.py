@@ -12,11 +12,7 @@ choice each round.
 Both choices pay a fetch's round trips, so what decides is the transfer: a whole state's bytes at
 the rate measured from partners, against a round. A fetch's rate is measured between its chunks'
 arrivals (`exchange.client.FetchStats.data_bytes_per_s`), so that neither a long round trip nor the
-wait for a partner's next version passes for a slow link. A running fetch is judged before its
-second chunk by an upper bound on the rate (what arrived and the chunk under way, over the time
-since its manifest came): on a slow link one 64 KiB chunk takes longer than the probe. A fetch that
-gave way on such a bound leaves the bound, not a rate: it says the link is at most that fast, never
-that it is fast, so only a measured rate above it replaces it.
+wait for a partner's next version passes for a slow link.
 """
 
 from __future__ import annotations
@@ -56,24 +52,16 @@ class LinkFit:
 
     def __init__(self) -> None:
         self.fit: Fit | None = None
-        self._rates: dict[object, tuple[float, bool]] = {}
-        """Per partner: the rate measured last (bytes per second), and whether it is only an upper bound."""
+        self._rates: dict[object, float] = {}
 
     def measured(self, peer: object, rate_bps: float) -> None:
         """A fetch from `peer` showed this rate (bytes per second, measured between its chunks)."""
         if rate_bps > 0:
-            self._rates[peer] = (rate_bps, False)
-
-    def bounded(self, peer: object, rate_bps: float) -> None:
-        """A whole state from `peer` gave way before its rate showed: the link is at most this fast
-        (a rate measured before stays where it is lower)."""
-        known = self._rates.get(peer)
-        if rate_bps > 0 and (known is None or known[0] > rate_bps):
-            self._rates[peer] = (rate_bps, True)
+            self._rates[peer] = rate_bps
 
     def rate(self) -> float | None:
         """The median rate measured from partners, bytes per second (None: none yet)."""
-        return statistics.median(r for r, _ in self._rates.values()) if self._rates else None
+        return statistics.median(self._rates.values()) if self._rates else None
 
     def choose(self, state_bytes: int, round_s: float) -> tuple[Fit, bool]:
         """What to fetch next, and whether that changed: `state_bytes` is what a whole state moves,
@@ -84,11 +72,9 @@ class LinkFit:
         else:
             ratio, was_updates = state_bytes / rate / round_s, self.fit is not None and self.fit.updates
             updates = ratio > (STATE_BELOW if was_updates else UPDATES_ABOVE)
-            at_most = all(bound for _, bound in self._rates.values())  # then the ratio is at least this
-            link = (f"over {ratio:.3f} rounds to move (at most {rate * 8 / 1e6:.2f} Mbit/s: it gave way before its "
-                    f"rate showed)" if at_most else f"{ratio:.3f} rounds to move at {rate * 8 / 1e6:.2f} Mbit/s")
-            fit = Fit(updates, ratio, f"a whole state ({state_bytes / 1e6:.2f} MB) takes {link} (updates above "
-                                      f"{UPDATES_ABOVE:g}, whole states below {STATE_BELOW:g})")
+            fit = Fit(updates, ratio, f"a whole state ({state_bytes / 1e6:.2f} MB) takes {ratio:.3f} rounds to move at "
+                                      f"{rate * 8 / 1e6:.2f} Mbit/s (updates above {UPDATES_ABOVE:g}, whole states "
+                                      f"below {STATE_BELOW:g})")
         changed = self.fit is None or fit.updates != self.fit.updates
         self.fit = fit
         return fit, changed
@@ -96,7 +82,7 @@ class LinkFit:
     @staticmethod
     def give_way(data_s: float, rate_bps: float, received: int, state_bytes: int, round_s: float) -> bool:
         """Whether a running whole-state fetch should give way to updates: one whose data has flowed
-        for `data_s` seconds at `rate_bps` (at most; NaN: not measured yet) and brought `received` bytes,
+        for `data_s` seconds at `rate_bps` (NaN: not measured yet) and brought `received` bytes,
         judged after `PROBE_SHARE` of a round, once the rest would take more than `UPDATES_ABOVE` of one."""
         if round_s <= 0 or not rate_bps > 0 or data_s < PROBE_SHARE * round_s:
             return False

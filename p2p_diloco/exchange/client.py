@@ -107,14 +107,13 @@ class Fetcher:
 
     # -- public -----------------------------------------------------------------------------------
 
-    def data_progress(self) -> tuple[float, float, bool]:
-        """The running fetch's seconds since its data began to flow (its manifest came), its data rate
-        (bytes per second) and whether that is only an upper bound (before a second chunk,
-        `Transfer.rate_bound`): for another thread to judge it by (`core.linkfit`)."""
-        tr, now = self._transfer, time.monotonic()
-        if tr is None:
-            return 0.0, math.nan, False
-        return now - tr.began_at, *tr.rate_bound(now)
+    def data_progress(self) -> tuple[float, float]:
+        """The running fetch's seconds since its first chunk arrived and its data rate since (bytes per
+        second; NaN before a second chunk): for another thread to judge it by (`core.linkfit`)."""
+        tr = self._transfer
+        if tr is None or tr.first_at is None:
+            return 0.0, math.nan
+        return time.monotonic() - tr.first_at, tr.data_rate()
 
     def cancel(self) -> None:
         """Give up the running fetch (from another thread): it raises `FetchCancelled` at its next chunk."""

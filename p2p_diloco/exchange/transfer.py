@@ -4,7 +4,6 @@ awaiting their digest check, and the data rate its chunks' arrivals show."""
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -29,8 +28,6 @@ class Transfer:
     chunks: int = 0
     verifying: deque = field(default_factory=deque)
     """Digest and finiteness checks running on the verify thread, oldest first."""
-    began_at: float = 0.0
-    """When the manifest came (monotonic): the server streams the first chunks right after it."""
     first_at: float | None = None
     """When the first chunk arrived (monotonic), and its bytes: the data rate is measured after it."""
     first_n: int = 0
@@ -47,23 +44,13 @@ class Transfer:
         span = self.last_at - self.first_at if self.first_at is not None else 0.0
         return (self.received - self.first_n) / span if span > 0 else math.nan
 
-    def rate_bound(self, now: float) -> tuple[float, bool]:
-        """The data rate, and whether it is only an upper bound: before a second chunk, what has arrived
-        and the next chunk, which has not, over the time since the transfer began (NaN: no time yet).
-        On a slow link a 64 KiB chunk takes a second (0.5 Mbit/s): the bound judges a fetch well before then."""
-        rate = self.data_rate()
-        span = now - self.began_at
-        if math.isfinite(rate) or span <= 0:
-            return rate, False
-        return (self.received + (self.inflight[0][1] if self.inflight else 0)) / span, True
-
     @classmethod
     def after(cls, hello: wire.Hello, m: wire.Manifest, stall: float) -> Transfer:
         """The transfer as the HELLO left it: the server streams its prefetched chunks unasked."""
         inflight = deque((off, n, hello.rid, None) for off, n in wire.prefetch_plan(m.total, m.block, hello.prefetch,
                                                                                     hello.chunk))
         next_off = inflight[-1][0] + inflight[-1][1] if inflight else 0
-        return cls(inflight=inflight, next_off=next_off, in_bytes=next_off, stall=stall, began_at=time.monotonic())
+        return cls(inflight=inflight, next_off=next_off, in_bytes=next_off, stall=stall)
 
     def collect_done(self) -> None:
         """Take the results of the checks that have finished (raises what a failed one found)."""

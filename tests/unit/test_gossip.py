@@ -163,10 +163,9 @@ def test_a_running_fetch_reports_its_progress_until_it_is_done():
         worker = GossipWorker(NET, timeout_s=5.0)
         assert worker.progress() is None
         assert worker.start(_record(slow, 1))
-        seconds, received, data_s, rate, bound = _wait_for(lambda: (p := worker.progress()) and p[1] > 100_000 and p, 10,
-                                                           "bytes to arrive")
+        seconds, received, data_s, rate = _wait_for(lambda: (p := worker.progress()) and p[1] > 100_000 and p, 10, "bytes to arrive")
         assert 0 < seconds < 5 and received < 450_000 and 0 <= data_s < seconds
-        assert bound or 0.5 * 2e6 / 8 < rate < 2 * 2e6 / 8  # 2 Mbit/s, once a second chunk is in
+        assert rate != rate or 0.5 * 2e6 / 8 < rate < 2 * 2e6 / 8  # 2 Mbit/s, once a second chunk is in
         assert _result(worker).snapshot.version == 1 and worker.progress() is None
     finally:
         slow.close()

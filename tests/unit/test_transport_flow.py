@@ -163,22 +163,3 @@ def test_the_shelf_keeps_the_newest_and_what_a_fetch_still_reads_within_bounds()
     assert shelf.held() == [snaps[2].manifest.sid, snaps[4].manifest.sid]
     shelf.put(_published(5), now=30.0)  # nobody reads: only the newest
     assert len(shelf.held()) == 1
-
-
-def test_before_its_second_chunk_a_transfer_bounds_its_rate_from_above():
-    """On a slow link one chunk outlasts the probe (`core.linkfit`): what has arrived and the chunk under
-    way, over the time since the manifest came, is a rate the link cannot have beaten."""
-    from collections import deque
-
-    from p2p_diloco.exchange.transfer import Transfer
-
-    tr = Transfer(inflight=deque([(0, 65536, 1, None), (65536, 65536, 1, None)]), next_off=131072, in_bytes=131072,
-                  stall=1e9, began_at=100.0)
-    assert tr.rate_bound(100.0)[0] != tr.rate_bound(100.0)[0]  # no time yet: NaN
-    assert tr.rate_bound(100.5) == (pytest.approx(65536 / 0.5), True)  # nothing in: at most the first chunk in 0.5 s
-    tr.inflight.popleft()
-    tr.arrived(65536, 101.0)
-    assert tr.rate_bound(102.0) == (pytest.approx(2 * 65536 / 2.0), True)
-    tr.inflight.popleft()
-    tr.arrived(65536, 102.0)
-    assert tr.rate_bound(103.0) == (pytest.approx(65536 / 1.0), False)  # two chunks: measured between them
