@@ -10,14 +10,18 @@ probe, not rounds. Two thresholds apart (hysteresis) keep a link near one of the
 choice each round.
 
 Both choices pay a fetch's round trips, so what decides is the transfer: a whole state's bytes at
-the rate measured from partners, against a round. A fetch's rate is measured between its chunks'
+the slowest rate measured from a partner lately, against a round. The slowest, not the median: in a
+swarm where some members sit behind a slow uplink, an island that fetches whole states from the
+fast ones gives one up whenever it meets a slow one, where updates from its ring partner fit every
+round (BENCHMARKS.md, "A heterogeneous swarm"). Lately: a rate counts for `RATE_MEMORY` choices,
+so that one measured while a partner was starved of CPU, or of a member that left, does not hold
+an island on updates for good. A fetch's rate is measured between its chunks'
 arrivals (`exchange.client.FetchStats.data_bytes_per_s`), so that neither a long round trip nor the
 wait for a partner's next version passes for a slow link.
 """
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 
 UPDATES_ABOVE = 0.15
@@ -26,6 +30,8 @@ STATE_BELOW = 0.075
 """Back to whole states only once one's transfer would take less than this share of a round."""
 PROBE_SHARE = 0.05
 """A running whole-state fetch is judged once its data has flowed for this share of a round."""
+RATE_MEMORY = 16
+"""A partner's rate counts for this many fetch choices after it was measured."""
 
 
 @dataclass(frozen=True)
@@ -52,29 +58,34 @@ class LinkFit:
 
     def __init__(self) -> None:
         self.fit: Fit | None = None
-        self._rates: dict[object, float] = {}
+        self._rates: dict[object, tuple[float, int]] = {}
+        """Per partner: the rate measured last (bytes per second) and the choice it was measured at."""
+        self._choices = 0
 
     def measured(self, peer: object, rate_bps: float) -> None:
         """A fetch from `peer` showed this rate (bytes per second, measured between its chunks)."""
         if rate_bps > 0:
-            self._rates[peer] = rate_bps
+            self._rates[peer] = (rate_bps, self._choices)
 
     def rate(self) -> float | None:
-        """The median rate measured from partners, bytes per second (None: none yet)."""
-        return statistics.median(self._rates.values()) if self._rates else None
+        """The slowest rate measured from a partner in the last `RATE_MEMORY` choices, bytes per
+        second (None: none)."""
+        recent = [rate for rate, at in self._rates.values() if self._choices - at < RATE_MEMORY]
+        return min(recent) if recent else None
 
     def choose(self, state_bytes: int, round_s: float) -> tuple[Fit, bool]:
         """What to fetch next, and whether that changed: `state_bytes` is what a whole state moves,
         `round_s` how long a round takes."""
-        rate = self.rate()
+        rate, self._choices = self.rate(), self._choices + 1
         if rate is None or round_s <= 0 or state_bytes <= 0:
-            fit = Fit(False, None, "no link measured yet (a whole state that does not fit gives way to updates)")
+            fit = Fit(False, None, f"no link measured {'lately' if self._rates else 'yet'} (a whole state that does "
+                                   f"not fit gives way to updates)")
         else:
             ratio, was_updates = state_bytes / rate / round_s, self.fit is not None and self.fit.updates
             updates = ratio > (STATE_BELOW if was_updates else UPDATES_ABOVE)
             fit = Fit(updates, ratio, f"a whole state ({state_bytes / 1e6:.2f} MB) takes {ratio:.3f} rounds to move at "
-                                      f"{rate * 8 / 1e6:.2f} Mbit/s (updates above {UPDATES_ABOVE:g}, whole states "
-                                      f"below {STATE_BELOW:g})")
+                                      f"{rate * 8 / 1e6:.2f} Mbit/s, the slowest partner's (updates above "
+                                      f"{UPDATES_ABOVE:g}, whole states below {STATE_BELOW:g})")
         changed = self.fit is None or fit.updates != self.fit.updates
         self.fit = fit
         return fit, changed
