@@ -65,7 +65,7 @@ class FetchChoice:
         a wait would land it in the next one, staler than the version it waited for. Nor its first
         whole state, before any rate was measured: on a slow link it is a probe that gives way, and
         the updates that follow it in the same round have no time for a wait."""
-        return not (self.fit is not None and (updates or self.fit.rate() is None))
+        return not (self.fit is not None and (updates or not self.fit.probed))
 
     def started(self, peer_id: str, updates: bool) -> None:
         self._running = (peer_id, updates)

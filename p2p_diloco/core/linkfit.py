@@ -67,6 +67,11 @@ class LinkFit:
         if rate_bps > 0:
             self._rates[peer] = (rate_bps, self._choices)
 
+    @property
+    def probed(self) -> bool:
+        """Some fetch measured a partner's rate (however long ago)."""
+        return bool(self._rates)
+
     def rate(self) -> float | None:
         """The slowest rate measured from a partner in the last `RATE_MEMORY` choices, bytes per
         second (None: none)."""

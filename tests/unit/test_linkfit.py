@@ -148,3 +148,16 @@ def test_only_the_first_whole_state_of_auto_skips_the_wait_for_a_partners_versio
     assert auto.waits(False) and not auto.waits(True)
     fixed = FetchChoice(exchange_mode("updates", "sign"), "i")
     assert fixed.waits(True) and fixed.waits(False)
+
+
+def test_a_rate_too_old_to_count_does_not_make_a_whole_state_a_probe():
+    """On loopback a whole state comes in one chunk once the link is measured, so no later fetch measures
+    it again: the rate ages out of `RATE_MEMORY`, but the island still waits for its partner's version."""
+    from p2p_diloco.core.modes import exchange_mode
+    from p2p_diloco.peers.fetchchoice import FetchChoice
+
+    auto = FetchChoice(exchange_mode("auto", "sign"), "i")
+    auto.landed("p", 1e9, 1_000_000)
+    for _ in range(RATE_MEMORY + 1):
+        assert auto.next(1_000_000, 4.0) == (False, False)
+    assert auto.fit.rate() is None and auto.waits(False)
