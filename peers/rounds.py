@@ -270,8 +270,7 @@ class Rounds:
         return label_among(self.membership.members(), peer_id)
 
     def _others_training(self) -> list:
-        return [r for pid, r in self.membership.members().items()
-                if pid != self.identity.peer_id and r.state == "training"]
+        return [r for pid, r in self.membership.members().items() if pid != self.identity.peer_id and r.state == "training"]
 
     def _alone(self) -> bool:
         return not self._others_training()

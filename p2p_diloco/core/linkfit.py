@@ -15,9 +15,9 @@ swarm where some members sit behind a slow uplink, an island that fetches whole 
 fast ones gives one up whenever it meets a slow one, where updates from its ring partner fit every
 round (BENCHMARKS.md, "A heterogeneous swarm"). Lately: a rate counts for `RATE_MEMORY` choices,
 so that one measured while a partner was starved of CPU, or of a member that left, does not hold
-an island on updates for good. A fetch's rate is measured between its chunks'
-arrivals (`exchange.client.FetchStats.data_bytes_per_s`), so that neither a long round trip nor the
-wait for a partner's next version passes for a slow link.
+an island on updates for good. A fetch's rate is measured between its chunks' arrivals
+(`exchange.client.FetchStats.data_bytes_per_s`), so that neither a long round trip nor the wait for
+a partner's next version passes for a slow link.
 """
 
 from __future__ import annotations

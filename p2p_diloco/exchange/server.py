@@ -1,19 +1,16 @@
-"""ZeroMQ sockets for the state exchange: a ROUTER snapshot server and the shared socket plumbing.
+"""The state exchange's ROUTER snapshot server (`SnapshotServer`), driven by one background thread
+so the training loop never waits on the network. `publish()` swaps in a new snapshot atomically;
+older ones stay while a fetch still reads them (`shelf.py`). Every request is size-bounded by the
+socket (`MAXMSGSIZE`) before it is parsed; a bad one gets an ERROR reply and a logged reason, and the
+server carries on. Payload chunks are zero-copy slices of the snapshot buffer.
 
-Sockets only. `SnapshotServer` serves an island's latest immutable snapshot from a ROUTER socket
-driven by one background thread, so the training loop never waits on the network; `publish()`
-swaps in a new snapshot atomically, and older ones stay while a fetch still reads them (`shelf.py`). Every request is size-bounded by the
-socket (`MAXMSGSIZE`) before it is parsed; a bad one gets an ERROR reply and a logged reason, and
-the server carries on. Payload chunks are zero-copy slices of the snapshot buffer.
-
-The fetching side (DEALER) is `client.py`. Protocol 1.1 adds pushes (`push.py`) from an island nobody
-can dial, taken when the `pushes` policy admits them; a relay (`relay=True`, on the bootstrap node)
-serves each member's latest push to fetchers that name the peer in their HELLO. A HELLO with `pub`
-gets the public state or its updates (`public_views.py`); one with `want` waits for it (`parked.py`).
-
-Swarm secret: the server demands CURVE with keys derived from the secret, and a ZAP handler admits
-only the derived client key (see `sockets.py`): a peer without the secret can neither read state
-nor get a request accepted.
+The fetching side (DEALER) is `client.py`. Protocol 1.1 adds pushes (`push.py`) from an island
+nobody can dial, taken when the `pushes` policy admits them; a relay (`relay=True`, on the bootstrap
+node) serves each member's latest push to fetchers that name the peer in their HELLO. A HELLO with
+`pub` gets the public state or its updates (`public_views.py`); one with `want` waits for it
+(`parked.py`). With a swarm secret the server demands CURVE with keys derived from it, and a ZAP
+handler admits only the derived client key (`sockets.py`): a peer without the secret can neither
+read state nor get a request accepted.
 """
 
 from __future__ import annotations
@@ -100,8 +97,7 @@ class SnapshotServer:
             self._teardown()
             raise TransportError(f"cannot serve snapshots on {bind}: {e}") from e
         bound = self._sock.last_endpoint.decode()
-        host, port = bound.rsplit(":", 1)
-        self.endpoint = f"tcp://{announce_host}:{port}" if announce_host else bound
+        self.endpoint = f"tcp://{announce_host}:{bound.rsplit(':', 1)[1]}" if announce_host else bound
         self._thread = threading.Thread(target=self._run, name="snapshot-server", daemon=True)
         self._thread.start()
         log.info("serving snapshots on %s (secret %s)", self.endpoint, "on" if self.secret else "off")
@@ -111,11 +107,8 @@ class SnapshotServer:
     def publish(self, tensors: Mapping[str, torch.Tensor], version: int, tokens: int,
                 meta: Mapping[str, Any] | None = None, codec_of: Mapping[str, str] | None = None) -> wire.Manifest:
         """Snapshot `tensors` (copied, encoded with the configured codec, or `codec_of[name]`) and serve
-        it from now on.
-
-        The newest `retain_snapshots` stay served, and older ones while a fetch still reads them
-        (`shelf.Shelf`): a transfer that spans rounds on a slow link completes.
-        """
+        it from now on. The newest `retain_snapshots` stay served, and older ones while a fetch still
+        reads them (`shelf.Shelf`): a transfer that spans rounds on a slow link completes."""
         self._shelf.drop_oldest()
         manifest, buf = payload.pack(tensors, self.config.compression, version=version, tokens=tokens, meta=meta,
                                      codec_of=codec_of)
@@ -124,12 +117,11 @@ class SnapshotServer:
         return manifest
 
     def publish_public(self, view: PublicView) -> None:
-        """Serve `view` to clients that ask for the public state (`hello.pub`) from now on; an island
-        that changes the public state in place does it, and this, under `public.changing()`."""
+        """Serve `view` to clients that ask for the public state (`hello.pub`) from now on."""
         self._public.publish(view)
 
     @property
-    def public(self) -> PublicViews:
+    def public(self) -> PublicViews:  # (under its `changing()` lock an island changes the public state in place)
         return self._public
 
     def stats(self) -> dict[str, Any]:
@@ -244,8 +236,7 @@ class SnapshotServer:
             if ev["event"] & HANDSHAKE_FAILED and self.secret is not None:
                 self._refused(f"security handshake failed ({zmq.Event(ev['event']).name}, code {ev['value']})")
             elif ev["event"] & HANDSHAKE_FAILED:  # no secret: a peer that stalled mid-greeting, or not a ZMTP peer
-                log.debug("a connection failed its ZMTP greeting (%s, code %d)", zmq.Event(ev["event"]).name,
-                          ev["value"])
+                log.debug("a connection failed its ZMTP greeting (%s, code %d)", zmq.Event(ev["event"]).name, ev["value"])
 
     def _refused(self, reason: str) -> None:
         with self._lock:
