@@ -8,9 +8,11 @@ from __future__ import annotations
 
 MOMENTUM_MODES = ("rescaled-int4", "rescaled-sign", "local")
 """How outer momentum travels (`p2p_diloco.core.modes.Momentum`)."""
-EXCHANGES = ("auto", "state", "updates")
-"""What an island sends: whichever fits the measured link, its whole state, or updates of a public state
-(`p2p_diloco.core.modes.Exchange`)."""
+EXCHANGES = ("auto", "state", "updates", "fragments")
+"""What an island sends: whichever fits the measured link, its whole state, updates of a public state,
+or updates of one fragment of it at a time (`p2p_diloco.core.modes.Exchange`)."""
+MAX_FRAGMENTS = 16
+"""The most fragments an update of a public state is cut into (`p2p_diloco.core.public.fragment`)."""
 UPDATE_CODECS = ("sign", "int4")
 """Codecs a public state's updates travel in (`p2p_diloco.core.public`)."""
 CODECS = ("fp32", "bf16", "fp16", "int8", "int4")

@@ -22,7 +22,7 @@ from typing import Any
 
 from p2p_diloco import addresses
 from p2p_diloco.choices import (  # noqa: F401 - importers take these from p2p_diloco.config too
-    CODECS, DEVICE_RE, DEVICES_HELP, DHT_PORT_OFFSET, DISCOVERY_KINDS, EXCHANGES, MAX_NAME_CHARS, MODEL_PRESETS,
+    CODECS, DEVICE_RE, DEVICES_HELP, DHT_PORT_OFFSET, DISCOVERY_KINDS, EXCHANGES, MAX_FRAGMENTS, MAX_NAME_CHARS, MODEL_PRESETS,
     MOMENTUM_MODES, PRECISIONS, PX_PORT_OFFSET, REACH_MODES, SHARDS, UPDATE_CODECS, WIRE_CODECS, valid_name
 )
 from p2p_diloco.errors import ConfigError
@@ -158,11 +158,15 @@ class DiLoCoConfig:
     final checkpoint (one more fetch per run; BENCHMARKS.md, "When a partner's state is mixed")."""
     exchange: str = "auto"
     """What an island fetches: `auto` (whole states where one moves in a small share of a round over the
-    link it measures, else updates: `core.linkfit`), whole `state`s, or `updates` of a public state that
-    follows each one's anchor with error feedback (`core.public`: from the next member in the ring of
-    peer ids, one update per round; momentum local). `auto` and `updates` keep a public state."""
+    link it measures, else updates, in fragments where even those do not fit: `core.linkfit`), whole
+    `state`s, `updates` of a public state that follows each one's anchor with error feedback
+    (`core.public`: from the next member in the ring of peer ids, one update per round; momentum
+    local), or those updates in `fragments`. All but `state` keep a public state."""
     update_codec: str = "sign"
     """Codec of the updates with `exchange="updates"`: `sign` or `int4` (`UPDATE_CODECS`)."""
+    fragments: int = 4
+    """With `exchange="fragments"`: each update covers one of this many spans of the parameters, in
+    turn (`core.public`); `auto` chooses it from the link, up to `MAX_FRAGMENTS`."""
     offload_outer: bool = False
     """Keep the anchor and outer momentum in host memory instead of on the accelerator, as OpenDiLoCo
     does, to save accelerator memory (two more fp32 copies of the model); mixing and the outer step
@@ -177,6 +181,8 @@ class DiLoCoConfig:
         _require(self.momentum in MOMENTUM_MODES, s, "momentum", f"one of {MOMENTUM_MODES}", self.momentum)
         _require(self.exchange in EXCHANGES and self.update_codec in UPDATE_CODECS, s, "exchange/update_codec",
                  f"in {EXCHANGES} and {UPDATE_CODECS}", (self.exchange, self.update_codec))
+        _require(type(self.fragments) is int and 1 <= self.fragments <= MAX_FRAGMENTS, s, "fragments",
+                 f"an integer in [1, {MAX_FRAGMENTS}]", self.fragments)
         _require(0 < self.mix_weight <= 1, s, "mix_weight", "in (0, 1]", self.mix_weight)
         _require(self.max_staleness >= 0, s, "max_staleness", ">= 0", self.max_staleness)
         _require(self.max_token_ratio >= 1 and self.max_version_jump >= 0, s, "max_token_ratio/max_version_jump",

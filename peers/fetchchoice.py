@@ -1,6 +1,7 @@
 """What each of an island's fetches asks for: with `--exchange auto`, the whole state or public-state
 updates, whichever fits the link the island measures (`core.linkfit`); with a fixed exchange, the
-same every time (updates whenever the island holds public states).
+same every time (updates whenever the island holds public states). And in how many fragments the
+island's own updates go (`parts`).
 
 `FetchChoice` is the part of the island's rounds (`peers.rounds`) that owns that choice: it is asked
 before each fetch, told what each fetch started and what each one measured, judges a running
@@ -31,8 +32,9 @@ class FetchChoice:
     """See the module docstring."""
 
     def __init__(self, exchange: Exchange, name: str) -> None:
-        self.name = name
+        self.name, self.exchange = name, exchange
         self.fit = LinkFit() if exchange.adaptive else None
+        self._parts = 1
         self._running: tuple[str, bool] | None = None
         """The partner of the fetch started last, and whether it asked for updates."""
         self._on_updates = 0
@@ -95,6 +97,23 @@ class FetchChoice:
             if rate_bps > 0 and self._running == (peer_id, True) and nbytes / rate_bps >= PROBE_SHARE * self._round_s:
                 self._measured = True  # an update that took as long as a probe: it measured the link
 
+    def parts(self, update_bytes: int) -> int:
+        """The fragments this island's next update goes in (`core.public`): the exchange's own, or with
+        `--exchange auto` as many as the link calls for (`LinkFit.parts`), a change said once."""
+        if self.fit is None:
+            return self.exchange.fragments
+        parts, why = self.fit.parts(update_bytes, self._round_s, self.exchange.fragments)
+        if parts != self._parts:
+            log.warning("%s sends its updates in %s now: %s", self.name, _fragments(parts), why)
+            self._parts = parts
+        return parts
+
     def describe(self) -> str:
         """What the island fetches now and why, for its record ("" with a fixed exchange)."""
-        return "" if self.fit is None or self.fit.fit is None else str(self.fit.fit)
+        if self.fit is None or self.fit.fit is None:
+            return ""
+        return str(self.fit.fit) + (f"; sends updates in {_fragments(self._parts)}" if self._parts > 1 else "")
+
+
+def _fragments(parts: int) -> str:
+    return "whole" if parts == 1 else f"{parts} fragments"

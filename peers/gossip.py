@@ -31,7 +31,8 @@ from p2p_diloco.config import NetworkConfig
 from p2p_diloco.core.codecs import EncodedVector
 from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.core.params import weights_digest
-from p2p_diloco.core.public import PublicCopies, PublicCopy
+from p2p_diloco.choices import MAX_FRAGMENTS as MAX_PARTS
+from p2p_diloco.core.public import PublicCopies, PublicCopy, Update, mixed_share, parse_update_names
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.errors import BadPayload, CodecError, FetchCancelled, ForeignState, TransportError
 from p2p_diloco.exchange.linkemu import EmulatedLink
@@ -228,9 +229,14 @@ class GossipWorker:
                     raise CodecError(f"a whole public state is one tensor 'pub', got {sorted(tensors)[:4]}")
                 copy = self.copies.replace(peer, chain, version, tensors["pub"].float())
             else:
-                if list(tensors) != [f"u{v}" for v in range(start + 1, version + 1)]:
+                if len(tensors) != version - start:
                     raise CodecError(f"updates {start + 1}..{version} expected, got {list(tensors)[:4]}")
-                copy = self.copies.advance(peer, chain, start, list(tensors.values()))
+                at = parse_update_names(list(tensors), start)
+                copy = self.copies.advance(peer, chain, start, [Update(u, a) for u, a in zip(tensors.values(), at)])
+            parts = meta.get("pub_parts", 1)
+            if type(parts) is not int or not 1 <= parts <= MAX_PARTS:
+                raise CodecError(f"pub_parts must be an integer in 1..{MAX_PARTS}, got {str(parts)[:20]}")
+            copy.parts = parts
             if weights_digest(copy.pub) != meta.get("pub_digest"):
                 raise CodecError("the copy does not match the sender's public state (pub_digest)")
             return copy
@@ -292,7 +298,8 @@ def partner_state(snap, expected_numel: int, model: str = "", run: str = "", pub
 
     With the partner's `public` state (`exchange="updates"`), what is mixed is this island's
     `anchor` moved by the difference of the two public states (`own_public`, `core.public`), so
-    that mixing with weight a moves it by a (pub_partner - pub_own); the momentum stays local.
+    that mixing with weight a moves it by a (pub_partner - pub_own) (by `mixed_share` of that where
+    updates come in fragments); the momentum stays local.
     """
     t, meta = snap.tensors, snap.meta
     for key, ours, what in (("model", model, "another model (fingerprint"), ("run", run, "another run (initial weights")):
@@ -303,7 +310,8 @@ def partner_state(snap, expected_numel: int, model: str = "", run: str = "", pub
         if public.pub.numel() != expected_numel or own_public is None:
             raise TransportError(f"the public state of {snap.endpoint} does not fit this model ({public.pub.numel()} "
                                  f"values, expected {expected_numel})")
-        phi = anchor + (public.pub - own_public.pub).to(anchor.device)
+        share = mixed_share(public.parts, own_public.parts)
+        phi = anchor + ((public.pub - own_public.pub) * share).to(anchor.device)
         return PartnerState(phi=phi, m=None, version=snap.version, tokens=snap.tokens,
                             peer=str(meta.get("peer_id", "")))
     if "phi" not in t:

@@ -74,7 +74,7 @@ class SwarmIsland:
 
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.diloco, self.network = diloco or DiLoCoConfig(), network or NetworkConfig()
-        self.exchange = exchange_mode(self.diloco.exchange, self.diloco.update_codec)
+        self.exchange = exchange_mode(self.diloco.exchange, self.diloco.update_codec, self.diloco.fragments)
         self.cfg = island or IslandConfig()
         self.eval_fn, self.extra_state, self.group = eval_fn, extra_state, group
         self.world = 1 if group is None else group.world
@@ -356,7 +356,7 @@ class SwarmIsland:
         return None if self.eval_fn is None else float(self.eval_fn())
 
     def publish(self) -> None:
-        self.publisher.publish()
+        self.publisher.publish(self.rounds.choice.parts(self.publisher.update_bytes))
         self.gossip.push_to_relay()
 
     def record(self, tokens_per_s: float = 0.0) -> IslandRecord:

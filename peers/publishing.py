@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from p2p_diloco.core import codecs
 from p2p_diloco.core.device import pinned_buffer, to_host
 from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.modes import Exchange
@@ -56,15 +57,16 @@ class Publisher:
             buf = self._staging[name] = pinned_buffer(x.numel(), x.device)
         return to_host(x, buf)
 
-    def publish(self) -> None:
-        """Encode the state as it is now and serve it from now on."""
+    def publish(self, parts: int = 1) -> None:
+        """Encode the state as it is now and serve it from now on (the public state's update in
+        `parts` fragments)."""
         s = self.outer.state
         host = {name: self._on_host(name, x) for name, x in self.tensors().items()}
         momentum = self.outer.momentum
         self.server.publish(host, s.version, s.tokens, meta=self.identity.meta(),
                             codec_of={"m": momentum.codec} if momentum.travels else None)
         if self.exchange.updates:
-            self._advance_public(host["phi"])
+            self._advance_public(host["phi"], parts)
         self.published_at = time.time()
 
     @property
@@ -103,7 +105,13 @@ class Publisher:
         chain there, instead of sending a jump a low-bit update would take many rounds to carry."""
         self.public = None
 
-    def _advance_public(self, anchor: torch.Tensor) -> None:
+    @property
+    def update_bytes(self) -> int:
+        """Bytes of one whole update of the public state (0 without one)."""
+        p = self.public
+        return 0 if p is None else codecs.encoded_nbytes(p.pub.numel(), p.codec)
+
+    def _advance_public(self, anchor: torch.Tensor, parts: int) -> None:
         """The first publish starts the public state at the anchor; each later one sends an update,
         applied in place while the server packs no whole copy of it (`PublicViews.changing`)."""
         with self.server.public.changing():
@@ -111,8 +119,9 @@ class Publisher:
                 at_init = self.outer.state.version == 0 and weights_digest(anchor) == self.identity.run
                 self.public = PublicState(anchor, self.exchange.update_codec, from_init=at_init)
             else:
-                self.public.advance(anchor)
+                self.public.advance(anchor, parts)
             p, s = self.public, self.outer.state
             self.server.publish_public(PublicView(chain=p.chain, version=p.version, pub=p.pub, updates=tuple(p.updates),
                                                   outer_version=s.version, tokens=s.tokens, meta=self.identity.meta(),
-                                                  digest=weights_digest(p.pub), from_init=p.from_init))
+                                                  digest=weights_digest(p.pub), from_init=p.from_init,
+                                                  parts=p.parts))

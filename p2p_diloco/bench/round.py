@@ -213,7 +213,8 @@ def one_round(outer: Any, publisher: Any, endpoint: str, network: Any, fp: str, 
     def mark(piece: str, s: float) -> None:
         seconds[piece], peaks[piece] = s, meter.take()
 
-    mark("publish", _timed(publisher.publish, sync)[1])
+    exchange = publisher.exchange  # (`auto`: whole updates, its costliest publish)
+    mark("publish", _timed(lambda: publisher.publish(1 if exchange.adaptive else exchange.fragments), sync)[1])
     snap, s = _timed(lambda: fetch_encoded(endpoint, network), sync)
     mark("fetch", s)
     weight, s = _timed(lambda snap=snap: outer.mix_arrived(partner_state(snap, numel, fp)), sync)
@@ -301,7 +302,7 @@ def measure(params: int, threads: int = 1, repeat: int = REPEAT, exchange: str =
         outer = OuterLoop("island", model, diloco)
         server = SnapshotServer(config=network)
         setup_peak = meter.take()
-        publisher = Publisher(server, outer, exchange_mode(diloco.exchange, diloco.update_codec),
+        publisher = Publisher(server, outer, exchange_mode(diloco.exchange, diloco.update_codec, diloco.fragments),
                               Identity("island", "island", fp, ""))
         rounds = [one_round(outer, publisher, partner.endpoint, network, fp, meter) for _ in range(repeat)]
         clone_s = clone_seconds(outer.state.phi)

@@ -165,8 +165,9 @@ def diloco_options(f: Callable) -> Callable:
                                              "in signs, or kept local (docs/DESIGN.md, section 2.2).")(f)
     f = click.option("--exchange", type=click.Choice(EXCHANGES), default=D.exchange, show_default=True,
                      help="auto: fetch whole states while one moves in a small share of a round at the measured "
-                          "rate, else compressed updates of a public state; state or updates: always that "
-                          "(updates: error feedback, the ring of peer ids picks partners, momentum stays local).")(f)
+                          "rate, else compressed updates of a public state, in fragments where even those do not fit; "
+                          "state, updates or fragments: always that (updates: error feedback, the ring of peer ids "
+                          "picks partners, momentum stays local; fragments: [diloco] fragments spans, one per update).")(f)
     f = click.option("--update-codec", type=Retiring(UPDATE_CODECS, RETIRED_UPDATE_CODECS), default=D.update_codec,
                      show_default=True, help="Codec of the updates (--exchange updates or auto).")(f)
     f = retired_option("--mix-at", "a partner's state is always mixed as it arrives; drop --mix-at")(f)
@@ -290,7 +291,7 @@ def build_configs(kw: dict) -> tuple[ModelConfig, TrainConfig, DiLoCoConfig]:
                           final_mix=kw.pop("final_mix", D.final_mix), mix_weight=kw.pop("mix_weight", D.mix_weight),
                           max_staleness=kw.pop("max_staleness", D.max_staleness),
                           offload_outer=kw.pop("offload_outer", D.offload_outer), exchange=kw.pop("exchange"),
-                          update_codec=kw.pop("update_codec"))
+                          update_codec=kw.pop("update_codec"), fragments=kw.pop("fragments", D.fragments))
     return model, train, diloco
 
 

@@ -10,6 +10,7 @@ from p2p_diloco.cli.options import (
     build_configs, codec_option, csv, device_options, diloco_options, gossip_tuning_options, model_options,
     model_shape_options, offload_option, outer_step_options, retired_option, user_errors
 )
+from p2p_diloco.config import DiLoCoConfig
 from p2p_diloco.sim.config import SIM_METHODS, SimConfig
 
 S = SimConfig
@@ -40,7 +41,9 @@ S = SimConfig
 @retired_option("--update-k", "updates travel in sign or int4, which keep every value")
 @retired_option("--update-mixing", "a receiver moves by the difference of the public states")
 @click.option("--update-keep", type=int, default=S.update_keep, show_default=True,
-              help="Updates a sender keeps for receivers behind.")
+              help="Updates a sender keeps for receivers behind (0: as many as the fp32 public state's bytes).")
+@click.option("--fragments", type=int, default=DiLoCoConfig.fragments, show_default=True,
+              help="With --exchange fragments: each update covers one of this many spans of the parameters.")
 @click.option("--mix-delay", type=click.IntRange(0, 1), default=S.mix_delay, show_default=True,
               help="Rounds between a partner's state being published and mixed.")
 @click.option("--step-seconds", type=float, default=S.step_seconds, show_default=True,

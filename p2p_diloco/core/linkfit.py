@@ -9,6 +9,11 @@ too long at the rate seen gives way to updates at once (`give_way`), so a slow l
 probe, not rounds. Two thresholds apart (hysteresis) keep a link near one of them from flipping the
 choice each round.
 
+Where even an update takes a good share of a round, the island sends its updates in fragments
+(`core.public`): the fewest (a power of two) of which one moves in `FRAGMENT_SHARE` of a round at
+that rate (`parts`). The sender chooses, from what it measured of its partners, as the receiver
+chooses what it fetches; each update says its span, so a receiver follows any choice.
+
 Both choices pay a fetch's round trips, so what decides is the transfer: a whole state's bytes at
 the slowest rate measured from a partner lately, against a round. The slowest, not the median: in a
 swarm where some members sit behind a slow uplink, an island that fetches whole states from the
@@ -32,6 +37,11 @@ PROBE_SHARE = 0.05
 """A running whole-state fetch is judged once its data has flowed for this share of a round."""
 RATE_MEMORY = 16
 """A partner's rate counts for this many fetch choices after it was measured."""
+FRAGMENT_SHARE = 0.15
+"""An update that would take more than this share of a round goes in fragments (as a whole state over
+`UPDATES_ABOVE` goes in updates: BENCHMARKS.md, "Fragments")."""
+FEWER_BELOW = 0.7
+"""Fewer fragments only once one of them would take under this share of `FRAGMENT_SHARE` (hysteresis)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,7 @@ class LinkFit:
         self._rates: dict[object, tuple[float, int]] = {}
         """Per partner: the rate measured last (bytes per second) and the choice it was measured at."""
         self._choices = 0
+        self._parts = 1
 
     def measured(self, peer: object, rate_bps: float) -> None:
         """A fetch from `peer` showed this rate (bytes per second, measured between its chunks)."""
@@ -94,6 +105,23 @@ class LinkFit:
         changed = self.fit is None or fit.updates != self.fit.updates
         self.fit = fit
         return fit, changed
+
+    def parts(self, update_bytes: int, round_s: float, most: int) -> tuple[int, str]:
+        """How many fragments the next update goes in (at most `most`), and why: the fewest, a power of
+        two, of which one moves in `FRAGMENT_SHARE` of a round at the slowest recent rate (1 while
+        none is measured); fewer than now only with a margin (`FEWER_BELOW`)."""
+        rate, was = self.rate(), self._parts
+        if rate is None or round_s <= 0 or update_bytes <= 0:
+            self._parts = 1
+            return 1, "no link measured lately"
+        ratio, want = update_bytes / rate / round_s, 1
+        while want < most and ratio / want > FRAGMENT_SHARE:
+            want *= 2
+        if want < min(was, most) and ratio / want > FRAGMENT_SHARE * FEWER_BELOW:
+            want = min(was, most)
+        self._parts = want
+        return want, (f"an update ({update_bytes / 1e3:.0f} kB) takes {ratio:.2f} rounds to move at "
+                      f"{rate * 8 / 1e6:.2f} Mbit/s (a fragment of it under {FRAGMENT_SHARE:g})")
 
     @staticmethod
     def give_way(data_s: float, rate_bps: float, received: int, state_bytes: int, round_s: float) -> bool:

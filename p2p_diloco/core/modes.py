@@ -9,8 +9,10 @@ that runs a round asks that object, never the setting's string:
   magnitude per block; `local` keeps each island's momentum to itself (NoLoCo).
 - `Exchange`: what an island sends. `state`: its whole state each round, partners drawn by
   `peers.partners`; `updates`: compressed updates of a public state (`core.public`), partners on
-  the ring of peer ids, momentum local; `auto`: both published, and each fetch takes the whole
-  state or the updates, whichever fits the link the island measured (`core.linkfit`).
+  the ring of peer ids, momentum local; `fragments`: those updates, each of one fragment of the
+  parameters in turn; `auto`: both published, and each fetch takes the whole state or the updates,
+  whichever fits the link the island measured, the updates in as many fragments as the link calls
+  for (`core.linkfit`).
 
 What each mode measured, and the variants that were removed, are in BENCHMARKS.md ("Quality:
 momentum that travels", "Bandwidth: sending what changed", "Modes removed").
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from p2p_diloco.config import EXCHANGES, MOMENTUM_MODES, UPDATE_CODECS
+from p2p_diloco.config import EXCHANGES, MAX_FRAGMENTS, MOMENTUM_MODES, UPDATE_CODECS
 from p2p_diloco.errors import ConfigError
 
 
@@ -69,6 +71,9 @@ class Exchange:
     update_codec: str | None = None
     adaptive: bool = False
     """Publish both; each fetch takes whichever fits the measured link (`core.linkfit`)."""
+    fragments: int = 1
+    """Each update covers one of this many spans of the public state (`core.public.fragment`); with
+    `adaptive`, the most the link may call for (`LinkFit.parts`)."""
 
     @property
     def updates(self) -> bool:
@@ -94,9 +99,11 @@ def momentum_mode(name: str) -> Momentum:
         raise ConfigError(f"momentum must be one of {', '.join(MOMENTUM_MODES)}, got {name!r}") from None
 
 
-def exchange_mode(name: str, update_codec: str) -> Exchange:
-    """The `Exchange` of `DiLoCoConfig.exchange` and `update_codec`."""
+def exchange_mode(name: str, update_codec: str, fragments: int = 1) -> Exchange:
+    """The `Exchange` of `DiLoCoConfig.exchange`, `update_codec` and `fragments` (which only
+    `fragments` takes as it is; `auto` chooses up to `MAX_FRAGMENTS`)."""
     if name not in EXCHANGES or update_codec not in UPDATE_CODECS:
         raise ConfigError(f"exchange must be one of {', '.join(EXCHANGES)} and update_codec one of "
                           f"{', '.join(UPDATE_CODECS)}, got {name!r} and {update_codec!r}")
-    return Exchange(name, None if name == "state" else update_codec, adaptive=name == "auto")
+    parts = {"fragments": fragments, "auto": MAX_FRAGMENTS}.get(name, 1)
+    return Exchange(name, None if name == "state" else update_codec, adaptive=name == "auto", fragments=parts)

@@ -21,6 +21,15 @@ A receiver mixes the difference of the two public states, as CHOCO-gossip does (
 2019): its anchor moves by `a (pub_partner - pub_own)`. Both public states lag their anchors alike,
 so their difference estimates the anchors' difference better than a lagging public state alone
 (BENCHMARKS.md, "Bandwidth").
+
+*Fragments* (Streaming DiLoCo's, arXiv 2501.18512, in this setting): an update may cover one of
+`parts` equal contiguous spans of the vector only, the span of each version taken in turn from a
+point drawn from the chain (so islands' turns are staggered), and the rest of the difference waits
+for its span's turn (error feedback again). An update then costs `1 / parts` of a whole one, each
+span's difference is refreshed once every `parts` rounds, and a receiver mixes the public states'
+difference with `1 / parts` of its weight each round (`mixed_share`): over `parts` rounds each span
+moves as much as one whole update's mix moves it, as CHOCO-gossip's step follows its compressor's
+share. The sender chooses `parts` per update (`core.linkfit`); each update says its span.
 """
 
 from __future__ import annotations
@@ -45,9 +54,55 @@ APPLY_CHUNK = 1 << 20
 
 
 def worth_keeping(numel: int, codec: str) -> int:
-    """How many updates a sender keeps: past that many, the chain costs more than the fp32 public
-    state a receiver fetches instead."""
+    """How many whole updates a sender keeps: past that many, the chain costs more than the fp32
+    public state a receiver fetches instead (fragments: as many bytes of them)."""
     return max(1, (4 * numel) // codecs.encoded_nbytes(numel, codec))
+
+
+MAX_KEPT = 56
+"""The most updates a sender keeps, whatever their bytes: an answer carries them as tensors, and the
+wire carries at most 64 in one manifest (`exchange.manifest.MAX_TENSORS`)."""
+
+
+def update_name(version: int, at: int, fragment: bool) -> str:
+    """The tensor name of the update to `version`: `u<version>`, or `u<version>@<at>` for a fragment
+    whose values start at `at`."""
+    return f"u{version}@{at}" if fragment else f"u{version}"
+
+
+def parse_update_names(names: list[str], start: int) -> list[int]:
+    """Where each of the updates named `names` (from `start` on, `update_name`) starts; `CodecError`
+    for names out of sequence."""
+    ats = []
+    for k, name in enumerate(names):
+        head, _, at = name.partition("@")
+        if head != f"u{start + 1 + k}" or (at and not (at.isdigit() and len(at) < 12)):
+            raise CodecError(f"updates {start + 1}..{start + len(names)} expected, got {names[:4]}")
+        ats.append(int(at) if at else 0)
+    return ats
+
+
+def fragment(numel: int, parts: int, index: int) -> tuple[int, int]:
+    """The values `[start, end)` of fragment `index` of `parts`: equal contiguous spans of the vector."""
+    return index * numel // parts, (index + 1) * numel // parts
+
+
+def mixed_share(*parts: int) -> float:
+    """The share of the public states' difference mixed per round when updates come in `parts`
+    fragments (the most of either side's): each span is refreshed once every that many rounds."""
+    return 1.0 / max(1, *parts)
+
+
+@dataclass(frozen=True)
+class Update:
+    """One update of a public state: `values` (encoded) added from value `at` on."""
+
+    values: EncodedVector
+    at: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.values.buf.numel()
 
 
 def encode_update(pub: torch.Tensor, anchor: torch.Tensor, codec: str) -> EncodedVector:
@@ -57,19 +112,23 @@ def encode_update(pub: torch.Tensor, anchor: torch.Tensor, codec: str) -> Encode
     return EncodedVector(codecs.encode_difference(flat, pub, codec).clone(), codec, flat.numel())
 
 
-def apply_(pub: torch.Tensor, update: EncodedVector) -> torch.Tensor:
-    """Add the decoded `update` to `pub` in place, a slice at a time (no whole-state temporary, and no
-    fresh pages to fault in every round: BENCHMARKS.md, "Slow links"); returns `pub`."""
-    for start in range(0, pub.numel(), APPLY_CHUNK):
-        end = min(start + APPLY_CHUNK, pub.numel())
-        pub[start:end] += update[start:end].float()
+def apply_(pub: torch.Tensor, update: EncodedVector, at: int = 0) -> torch.Tensor:
+    """Add the decoded `update` to `pub[at:]` in place, a slice at a time (no whole-state temporary, and
+    no fresh pages to fault in every round: BENCHMARKS.md, "Slow links"); returns `pub`."""
+    if at < 0 or at + update.numel() > pub.numel():
+        raise CodecError(f"an update of {update.numel()} values at {at} for a public state of {pub.numel()}")
+    for start in range(0, update.numel(), APPLY_CHUNK):
+        end = min(start + APPLY_CHUNK, update.numel())
+        pub[at + start:at + end] += update[start:end].float()
     return pub
 
 
 class PublicState:
     """The sender's side: its public state, its chain, and the last updates (see the module docstring)."""
 
-    def __init__(self, start: torch.Tensor, codec: str, keep: int | None = None, from_init: bool = False) -> None:
+    def __init__(self, start: torch.Tensor, codec: str, keep: int | None = None, from_init: bool = False,
+                 stagger: int | None = None) -> None:
+        """`stagger`: the fragment the first update's turn starts from (None: drawn from the chain)."""
         if codec not in UPDATE_CODECS:
             raise CodecError(f"updates travel in {' or '.join(UPDATE_CODECS)}, not {codec!r}")
         self.pub = start.detach().float().cpu().reshape(-1).clone()
@@ -79,23 +138,35 @@ class PublicState:
         """`start` is the run's initial weights: a receiver naming `INIT` holds version 0."""
         self.version = 0
         """Updates applied so far."""
-        self.updates: deque[EncodedVector] = deque(maxlen=keep or worth_keeping(self.pub.numel(), codec))
+        self.parts = 1
+        """Fragments of the last update (1: whole updates)."""
+        self._stagger = int(self.chain[:8], 16) if stagger is None else stagger
+        self.updates: deque[Update] = deque()
+        self._keep, self._kept_bytes = keep, 0
+        """A bound on the updates kept by count (None: by bytes, those of the fp32 public state)."""
 
-    def advance(self, anchor: torch.Tensor) -> EncodedVector:
-        """Encode the anchor's difference from the public state, apply it (in place: whoever reads
-        `pub` while it changes, as a server packing it whole, holds the lock its owner changes it
-        under, `exchange.public_views.PublicViews.changing`), keep it; the update."""
-        update = encode_update(self.pub, anchor, self.codec)
-        apply_(self.pub, update)
-        self.version += 1
+    def advance(self, anchor: torch.Tensor, parts: int = 1) -> Update:
+        """Encode the anchor's difference from the public state (of this version's fragment of `parts`),
+        apply it (in place: whoever reads `pub` while it changes, as a server packing it whole, holds
+        the lock its owner changes it under, `exchange.public_views.PublicViews.changing`), keep it;
+        the update."""
+        flat = anchor.detach().float().cpu().reshape(-1)
+        lo, hi = fragment(flat.numel(), parts, (self.version + self._stagger) % parts)
+        update = Update(encode_update(self.pub[lo:hi], flat[lo:hi], self.codec), lo)
+        apply_(self.pub, update.values, lo)
+        self.version, self.parts = self.version + 1, parts
         self.updates.append(update)
+        self._kept_bytes += update.nbytes
+        while len(self.updates) > min(self._keep or MAX_KEPT, MAX_KEPT) or (
+                not self._keep and len(self.updates) > 1 and self._kept_bytes > 4 * self.pub.numel()):
+            self._kept_bytes -= self.updates.popleft().nbytes
         return update
 
-    def since(self, version: int) -> list[EncodedVector] | None:
+    def since(self, version: int) -> list[Update] | None:
         return updates_since(self.updates, self.version, version)
 
 
-def updates_since(updates, version: int, since: int) -> list[EncodedVector] | None:
+def updates_since(updates, version: int, since: int) -> list[Update] | None:
     """Of the last `updates` of a chain now at `version` (the newest last), those that bring its
     public state from `since` to `version`; None when they are not all kept (or `since` is not a
     version the chain had)."""
@@ -108,6 +179,8 @@ class PublicCopy:
     chain: str
     version: int
     pub: torch.Tensor
+    parts: int = 1
+    """Fragments of the sender's last update (`mixed_share`)."""
 
 
 class PublicCopies:
@@ -138,9 +211,10 @@ class PublicCopies:
             self._copies.popitem(last=False)
         return copy
 
-    def advance(self, peer: str, chain: str, start: int, updates: list[EncodedVector]) -> PublicCopy:
+    def advance(self, peer: str, chain: str, start: int, updates: list[Update]) -> PublicCopy:
         """Apply `updates` (from `start` on) to the copy of `peer`'s public state; raise `CodecError`
-        when the copy held is not of that chain at that version (it would be silently wrong)."""
+        when the copy held is not of that chain at that version (it would be silently wrong), or an
+        update does not fit it."""
         copy = self._copies.get(peer)
         if copy is None and start == 0 and self.initial is not None:  # the answer to `INIT`
             copy = self.replace(peer, chain, 0, self.initial)
@@ -148,10 +222,11 @@ class PublicCopies:
             held = "none" if copy is None else f"chain {copy.chain} at version {copy.version}"
             raise CodecError(f"updates of chain {chain} from version {start} do not apply to the copy held ({held})")
         for u in updates:
-            if u.numel() != copy.pub.numel():
-                raise CodecError(f"an update of {u.numel()} values for a public state of {copy.pub.numel()}")
+            if u.at < 0 or u.at + u.values.numel() > copy.pub.numel():
+                raise CodecError(f"an update of {u.values.numel()} values at {u.at} for a public state of "
+                                 f"{copy.pub.numel()}")
         for u in updates:
-            apply_(copy.pub, u)
+            apply_(copy.pub, u.values, u.at)
         copy.version += len(updates)
         self._copies.move_to_end(peer)
         return copy

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from p2p_diloco.config import NetworkConfig
+from p2p_diloco.core.public import update_name
 from p2p_diloco.exchange import flowcontrol, wire
 from p2p_diloco.exchange.payload import layout
 
@@ -26,14 +27,19 @@ CHAIN = "0" * 16
 
 
 def public_fetch_wire_bytes(numel: int, codec: str, start: int | None, version: int, held: tuple[str, int] | None,
-                            config: NetworkConfig | None = None) -> int:
+                            config: NetworkConfig | None = None, spans: Sequence[tuple[int, int]] | None = None,
+                            parts: int = 1) -> int:
     """Bytes both ways of one fetch of a public state (`exchange.public_views`): the updates from
-    `start` to `version` in `codec`, or (`start` None) the public state whole, asked with `held`."""
-    meta = {**REPRESENTATIVE_META, "pub_chain": CHAIN, "pub_version": version, "pub_digest": "0" * 16}
+    `start` to `version` in `codec` (`spans`: each one's first value and count, where not whole), or
+    (`start` None) the public state whole, asked with `held`; `parts`: the last update's fragments."""
+    meta = {**REPRESENTATIVE_META, "pub_chain": CHAIN, "pub_version": version, "pub_digest": "0" * 16,
+            **({"pub_parts": parts} if parts > 1 else {})}
     if start is None:
         tensors = [("pub", numel, "fp32")]
     else:
-        tensors, meta["pub_from"] = [(f"u{v}", numel, codec) for v in range(start + 1, version + 1)], start
+        spans = spans or [(0, numel)] * (version - start)
+        tensors = [(update_name(start + 1 + k, at, n != numel), n, codec) for k, (at, n) in enumerate(spans)]
+        meta["pub_from"] = start
     hello = {"pub": True, **({} if held is None else {"chain": held[0], "since": held[1]})}
     return fetch_wire_bytes(tensors, meta=meta, config=config, hello=hello)
 

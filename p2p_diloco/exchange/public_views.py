@@ -6,8 +6,9 @@ state of that chain at a kept version gets the updates since then, each a tensor
 wire codec (`sign` or `int4`); so does a client that names the chain `INIT` at 0 when this chain
 starts at the run's initial weights; any other client gets the public state whole (`pub`, fp32, exact).
 The manifest's meta says which: `pub_chain`, `pub_version` and `pub_digest` (of the public state
-after them, so a receiver notices a copy that drifted) always, `pub_from` (the version the
-updates start from) only for updates. Packed answers are cached per starting version until the
+after them, so a receiver notices a copy that drifted) always, `pub_parts` (the fragments of the
+last update) when above 1, and `pub_from` (the version the updates start from) only for updates.
+An update of one fragment is named `u<k>@<start>`, its first value's place (`update_name`). Packed answers are cached per starting version until the
 next publish, and kept by sid a little longer for fetches still reading them.
 
 The island changes its public state in place (`core.public.apply_`): it does so, and hands over the
@@ -26,8 +27,7 @@ from typing import Any
 
 import torch
 
-from p2p_diloco.core.codecs import EncodedVector
-from p2p_diloco.core.public import INIT, updates_since
+from p2p_diloco.core.public import INIT, Update, update_name, updates_since
 from p2p_diloco.exchange import payload, wire
 
 KEEP_PACKED = 16
@@ -42,7 +42,7 @@ class PublicView:
     chain: str
     version: int
     pub: torch.Tensor
-    updates: tuple[EncodedVector, ...]
+    updates: tuple[Update, ...]
     """The last updates kept, the newest last: the one to `version`, the one before, ..."""
     outer_version: int
     tokens: int
@@ -51,6 +51,8 @@ class PublicView:
     """`core.params.weights_digest` of `pub`: a receiver checks its copy against it after the updates."""
     from_init: bool = False
     """The chain starts at the run's initial weights: a client naming `INIT` at 0 holds its start."""
+    parts: int = 1
+    """Fragments of the last update (`core.public.mixed_share`)."""
 
     def start(self, chain: str | None, since: int | None) -> int | None:
         """The version the answer to a client holding `(chain, since)` starts from: `since` when
@@ -60,11 +62,14 @@ class PublicView:
 
     def tensors(self, start: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
         """The tensors and extra meta of the answer that starts from `start` (`start()`)."""
-        meta = {"pub_chain": self.chain, "pub_version": self.version, "pub_digest": self.digest}
+        meta = {"pub_chain": self.chain, "pub_version": self.version, "pub_digest": self.digest,
+                **({"pub_parts": self.parts} if self.parts > 1 else {})}
         if start is None:
             return {"pub": self.pub}, meta
         updates = updates_since(self.updates, self.version, start)
-        return {f"u{start + 1 + k}": u for k, u in enumerate(updates)}, {**meta, "pub_from": start}
+        whole = self.pub.numel()
+        return ({update_name(start + 1 + k, u.at, u.values.numel() != whole): u.values for k, u in enumerate(updates)},
+                {**meta, "pub_from": start})
 
 
 class PublicViews:

@@ -7,11 +7,14 @@ As in the swarm, an island starts with whole states; a whole-state fetch that wi
 link gives way once its data has flowed for the probe (`LinkFit.give_way`): the island then knows
 the link's rate, and fetches updates from its ring successor at once. An island measures a link
 when a fetch over it lands (or gives way): the simulated link's rate, where the swarm's islands
-estimate it between the fetch's chunks (`exchange.client.FetchStats.data_bytes_per_s`).
+estimate it between the fetch's chunks (`exchange.client.FetchStats.data_bytes_per_s`). Each
+island's updates go in as many fragments as the rates it measured call for (`LinkFit.parts`);
+`fetches` counts its updates by their fragments (`updates_in_<F>`).
 """
 
 from __future__ import annotations
 
+from p2p_diloco.core.codecs import encoded_nbytes
 from p2p_diloco.core.linkfit import PROBE_SHARE, LinkFit
 from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.core.schedule import ring_successor
@@ -84,9 +87,17 @@ class AutoGossipRun(UpdatesGossipRun):
             self.fits[i].measured(j, self._rate(i, j))
         return partner if self.fetched[i] is None else super()._arrived(i, partner)
 
+    def _parts(self, i: int) -> int:
+        """As many fragments as island i's link calls for (`LinkFit.parts`, from the rates it measured)."""
+        pub = self.public.senders[i].state
+        parts, _ = self.fits[i].parts(encoded_nbytes(pub.pub.numel(), pub.codec), self._round_s(i),
+                                      self.exchange.fragments)
+        self.fetches[f"updates_in_{parts}"] = self.fetches.get(f"updates_in_{parts}", 0) + 1
+        return parts
+
     def _publish(self, i: int) -> None:
         """Both: the public state's update and the whole state (which `published` then holds)."""
-        self.public.publish(i, self.islands[i].state.phi)
+        self.public.publish(i, self.islands[i].state.phi, self._parts(i))
         GossipRun._publish(self, i)
 
     def run(self):

@@ -41,7 +41,7 @@ class GossipRun:
         self.s, self.sim, self.dl = simulation, simulation.sim, simulation.diloco
         K = self.sim.islands
         self.islands = simulation.make_islands()
-        self.exchange = exchange_mode(self.dl.exchange, self.dl.update_codec)
+        self.exchange = exchange_mode(self.dl.exchange, self.dl.update_codec, self.dl.fragments)
         self.rng = random.Random(self.sim.seed)
         self.round_seconds = self.dl.round_seconds or self.dl.local_steps * self.sim.step_seconds
         self.published = [simulation.snapshot(isl) for isl in self.islands]

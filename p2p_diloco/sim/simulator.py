@@ -78,7 +78,7 @@ class Simulation:
     def __init__(self, sim: SimConfig, model_cfg: ModelConfig, train_cfg: TrainConfig, diloco: DiLoCoConfig,
                  corpus: Corpus, progress=None) -> None:
         self.sim, self.model_cfg, self.diloco, self.corpus = sim, model_cfg, diloco, corpus
-        if exchange_mode(diloco.exchange, diloco.update_codec).updates and sim.mix_delay != 1:
+        if exchange_mode(diloco.exchange, diloco.update_codec, diloco.fragments).updates and sim.mix_delay != 1:
             raise ConfigError(f"diloco.exchange={diloco.exchange!r} (a public state) is simulated with mix_delay 1 "
                               "only; --exchange state for another mix_delay")
         self.block = model_cfg.resolved()["block_size"]
@@ -170,7 +170,7 @@ class Simulation:
         return self._fetch_cost[key]
 
     def _gossip(self) -> MethodResult:
-        exchange = exchange_mode(self.diloco.exchange, self.diloco.update_codec)
+        exchange = exchange_mode(self.diloco.exchange, self.diloco.update_codec, self.diloco.fragments)
         if exchange.adaptive:
             from p2p_diloco.sim.auto import AutoGossipRun
 

@@ -154,6 +154,43 @@ def test_a_worker_follows_a_partners_public_state_and_refuses_one_that_drifted(s
     assert copies.held("partner") is None  # dropped: the next fetch asks for the public state whole
 
 
+def test_a_worker_follows_a_public_state_sent_in_fragments_and_refuses_a_fragment_out_of_bounds(server):
+    """Updates of one fragment each: the copy follows bit for bit, knows the sender's fragments (what
+    it mixes is scaled by them, `partner_state`), and an update placed past the end is refused."""
+    from p2p_diloco.core.params import weights_digest
+    from p2p_diloco.core.public import PublicCopies, PublicState
+    from p2p_diloco.exchange.public_views import PublicView
+    from p2p_diloco.peers.gossip import partner_state
+
+    initial = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    sender = PublicState(initial, "sign", from_init=True)
+
+    def publish(shift=0):
+        sender.advance(initial + 0.1 * sender.version + 0.1, parts=4)
+        updates = tuple(type(u)(u.values, u.at + shift) for u in sender.updates)
+        server.publish({"phi": initial}, sender.version, 1000)
+        server.publish_public(PublicView(chain=sender.chain, version=sender.version, pub=sender.pub, updates=updates,
+                                         outer_version=sender.version, tokens=1000, meta={},
+                                         digest=weights_digest(sender.pub), from_init=True, parts=4))
+
+    copies = PublicCopies(initial=initial.clone())
+    worker = GossipWorker(NET, timeout_s=5.0, copies=copies, measure_public=lambda copy: 0.5)
+    for version in (1, 2):
+        publish()
+        assert worker.start(_record(server, version))
+        result = _result(worker)
+        assert torch.equal(result.public.pub, sender.pub) and result.public.parts == 4
+        assert list(result.snapshot.tensors) == [f"u{version}@{sender.updates[-1].at}"]
+    own = PublicState(initial, "sign")
+    mixed = partner_state(result.snapshot, 1000, public=result.public, own_public=own, anchor=initial)
+    assert torch.allclose(mixed.phi, initial + (sender.pub - initial) / 4)
+    publish(shift=800)  # a fragment of 250 values placed at 800+: past the end of 1000
+    assert worker.start(_record(server, 3))
+    result = _result(worker)
+    assert result.snapshot is None and result.bad_state and "at" in result.error
+    worker.close()
+
+
 def test_a_running_fetch_reports_its_progress_until_it_is_done():
     from p2p_diloco.exchange.linkemu import EmulatedLink
 

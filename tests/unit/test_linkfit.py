@@ -161,3 +161,39 @@ def test_a_rate_too_old_to_count_does_not_make_a_whole_state_a_probe():
     for _ in range(RATE_MEMORY + 1):
         assert auto.next(1_000_000, 4.0) == (False, False)
     assert auto.fit.rate() is None and auto.waits(False)
+
+
+def test_updates_go_in_as_few_fragments_as_fit_the_link_with_hysteresis():
+    from p2p_diloco.core.linkfit import FEWER_BELOW, FRAGMENT_SHARE
+
+    fit, update, round_s = LinkFit(), 100_000, 4.0
+    rate = lambda share: update / (share * FRAGMENT_SHARE * round_s)  # noqa: E731 - an update takes `share` x the bound
+    assert fit.parts(update, round_s, 16) == (1, "no link measured lately")
+    fit.measured("a", rate(0.9))
+    assert fit.parts(update, round_s, 16)[0] == 1
+    fit.measured("a", rate(6))  # 4 fragments would take 1.5x the bound, 8 take 0.75x
+    parts, why = fit.parts(update, round_s, 16)
+    assert parts == 8 and why.startswith(f"an update (100 kB) takes {6 * FRAGMENT_SHARE:.2f} rounds to move")
+    fit.measured("a", rate(3.8))  # 4 would fit (0.95x), but not with the margin: 8 stay
+    assert 3.8 / 4 > FEWER_BELOW and fit.parts(update, round_s, 16)[0] == 8
+    fit.measured("a", rate(2.6))  # 4 fit well now (0.65x)
+    assert fit.parts(update, round_s, 16)[0] == 4
+    fit.measured("a", rate(6))
+    assert fit.parts(update, round_s, 2)[0] == 2  # no more than the exchange allows
+
+
+def test_an_island_says_once_when_its_updates_go_in_fragments(caplog):
+    from p2p_diloco.core.modes import exchange_mode
+    from p2p_diloco.peers.fetchchoice import FetchChoice
+
+    fixed = FetchChoice(exchange_mode("fragments", "sign", 4), "i")
+    assert fixed.parts(100_000) == 4 and FetchChoice(exchange_mode("updates", "sign"), "i").parts(100_000) == 1
+    auto = FetchChoice(exchange_mode("auto", "sign"), "i")
+    auto.landed("p", 100_000 / 8.0, 1_000_000)  # an update takes 8 s: 2 rounds of 4 s
+    auto.next(1_000_000, 4.0)
+    with caplog.at_level("WARNING"):
+        assert auto.parts(100_000) == 16 and auto.parts(100_000) == 16
+    said = [r.message for r in caplog.records if "sends its updates in" in r.message]
+    assert said == ["i sends its updates in 16 fragments now: an update (100 kB) takes 2.00 rounds to move at "
+                    "0.10 Mbit/s (a fragment of it under 0.15)"]
+    assert auto.describe().endswith("; sends updates in 16 fragments")

@@ -9,7 +9,7 @@ import torch
 
 from p2p_diloco.config import NetworkConfig
 from p2p_diloco.core.codecs import encoded_nbytes
-from p2p_diloco.core.public import PublicCopies, PublicState, worth_keeping
+from p2p_diloco.core.public import PublicCopies, PublicState, Update, worth_keeping
 from p2p_diloco.errors import CodecError
 from p2p_diloco.exchange import wire
 from p2p_diloco.exchange.client import Fetcher
@@ -105,7 +105,7 @@ def test_a_client_gets_the_public_state_whole_then_only_the_updates_it_lacks():
             snap = f.fetch(pub=True, held=(held.chain, held.version), decode=False)
             assert list(snap.tensors) == ["u1", "u2", "u3"] and snap.meta["pub_from"] == 0 and snap.version == 10
             assert snap.nbytes < 3 * encoded_nbytes(N, "sign") + 3 * 64  # the updates only
-            copy = copies.advance("s", snap.meta["pub_chain"], snap.meta["pub_from"], list(snap.tensors.values()))
+            copy = copies.advance("s", snap.meta["pub_chain"], snap.meta["pub_from"], [Update(u) for u in snap.tensors.values()])
             assert torch.equal(copy.pub, sender.pub)
             again = f.fetch(pub=True, held=(copy.chain, copy.version))  # nothing new
             assert again.tensors == {} and again.meta["pub_from"] == 3
@@ -151,7 +151,7 @@ def test_a_chain_that_starts_at_the_initial_weights_costs_a_newcomer_only_the_up
         with Fetcher(server.endpoint) as f:
             snap = f.fetch(pub=True, held=copies.asking("s"), decode=False)
             assert list(snap.tensors) == ["u1", "u2"] and snap.meta["pub_chain"] == fresh.chain
-            copy = copies.advance("s", fresh.chain, 0, list(snap.tensors.values()))
+            copy = copies.advance("s", fresh.chain, 0, [Update(u) for u in snap.tensors.values()])
             assert torch.equal(copy.pub, fresh.pub) and copies.asking("s") == (fresh.chain, 2)
             server.publish_public(_view(joined))  # a chain that started elsewhere: whole
             assert set(f.fetch(pub=True, held=("init", 0)).tensors) == {"pub"}
@@ -220,3 +220,23 @@ def test_a_whole_answer_is_packed_from_a_public_state_that_does_not_change_under
     (spec,) = answer.manifest.tensors
     got = torch.frombuffer(bytearray(answer.view[spec.offset:spec.offset + spec.nbytes]), dtype=torch.float32)
     assert torch.equal(got, sender.pub) and not torch.equal(got, torch.zeros(N))
+
+
+def test_fragments_keep_the_senders_and_receivers_public_states_equal_and_an_answer_fits_the_wire():
+    from p2p_diloco.core.public import MAX_KEPT, parse_update_names
+    from p2p_diloco.exchange.manifest import MAX_TENSORS
+
+    start = torch.zeros(N)
+    sender, copies = PublicState(start, "sign"), PublicCopies()
+    copies.replace("s", sender.chain, 0, start)
+    for k, anchor in enumerate(_walk(12)):
+        sender.advance(anchor, parts=(1, 4, 16)[k % 3])  # `auto` may change the fragments at any update
+    copy = copies.advance("s", sender.chain, 0, sender.since(0))
+    assert torch.equal(copy.pub, sender.pub) and sender.parts == 16
+    for anchor in _walk(200, seed=1):
+        sender.advance(anchor, parts=16)  # small updates: the wire's bound on tensors, not bytes, holds them
+    assert len(sender.updates) == MAX_KEPT < MAX_TENSORS
+    assert parse_update_names(["u4@250", "u5"], 3) == [250, 0]
+    for bad in (["u5@250"], ["u4@x"], ["u4@-1"]):
+        with pytest.raises(CodecError, match="expected"):
+            parse_update_names(bad, 3)
