@@ -99,11 +99,12 @@ class FetchChoice:
 
     def parts(self, update_bytes: int) -> int:
         """The fragments this island's next update goes in (`core.public`): the exchange's own, or with
-        `--exchange auto` as many as the link calls for (`LinkFit.parts`), a change said once."""
+        `--exchange auto` as many as the link calls for (`LinkFit.parts`), a change said once (the
+        small updates before any rate is measured are not a choice to say)."""
         if self.fit is None:
             return self.exchange.fragments
         parts, why = self.fit.parts(update_bytes, self._round_s, self.exchange.fragments)
-        if parts != self._parts:
+        if why and parts != self._parts:  # (before a rate is measured, small updates go out unsaid)
             log.warning("%s sends its updates in %s now: %s", self.name, _fragments(parts), why)
             self._parts = parts
         return parts

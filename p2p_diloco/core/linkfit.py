@@ -71,7 +71,8 @@ class LinkFit:
         self._rates: dict[object, tuple[float, int]] = {}
         """Per partner: the rate measured last (bytes per second) and the choice it was measured at."""
         self._choices = 0
-        self._parts = 1
+        self._parts: int | None = None
+        """The fragments chosen last from a measured rate (None: not from one)."""
 
     def measured(self, peer: object, rate_bps: float) -> None:
         """A fetch from `peer` showed this rate (bytes per second, measured between its chunks)."""
@@ -107,17 +108,19 @@ class LinkFit:
         return fit, changed
 
     def parts(self, update_bytes: int, round_s: float, most: int) -> tuple[int, str]:
-        """How many fragments the next update goes in (at most `most`), and why: the fewest, a power of
-        two, of which one moves in `FRAGMENT_SHARE` of a round at the slowest recent rate (1 while
-        none is measured); fewer than now only with a margin (`FEWER_BELOW`)."""
+        """How many fragments the next update goes in (at most `most`), and why ("": no rate to say): the fewest, a power of
+        two, of which one moves in `FRAGMENT_SHARE` of a round at the slowest recent rate; fewer than
+        chosen last only with a margin (`FEWER_BELOW`). Before any rate is measured, `most`: an
+        island's first updates go out before its first fetch measures a link, and one that is too
+        big for it would hold its receivers' fetches for rounds (on a fast link nobody fetches them)."""
         rate, was = self.rate(), self._parts
         if rate is None or round_s <= 0 or update_bytes <= 0:
-            self._parts = 1
-            return 1, "no link measured lately"
+            self._parts = None
+            return most, ""
         ratio, want = update_bytes / rate / round_s, 1
         while want < most and ratio / want > FRAGMENT_SHARE:
             want *= 2
-        if want < min(was, most) and ratio / want > FRAGMENT_SHARE * FEWER_BELOW:
+        if was is not None and want < min(was, most) and ratio / want > FRAGMENT_SHARE * FEWER_BELOW:
             want = min(was, most)
         self._parts = want
         return want, (f"an update ({update_bytes / 1e3:.0f} kB) takes {ratio:.2f} rounds to move at "

@@ -168,7 +168,7 @@ def test_updates_go_in_as_few_fragments_as_fit_the_link_with_hysteresis():
 
     fit, update, round_s = LinkFit(), 100_000, 4.0
     rate = lambda share: update / (share * FRAGMENT_SHARE * round_s)  # noqa: E731 - an update takes `share` x the bound
-    assert fit.parts(update, round_s, 16) == (1, "no link measured lately")
+    assert fit.parts(update, round_s, 16) == (16, "")  # before any rate: small, and nothing to say
     fit.measured("a", rate(0.9))
     assert fit.parts(update, round_s, 16)[0] == 1
     fit.measured("a", rate(6))  # 4 fragments would take 1.5x the bound, 8 take 0.75x
@@ -189,6 +189,8 @@ def test_an_island_says_once_when_its_updates_go_in_fragments(caplog):
     fixed = FetchChoice(exchange_mode("fragments", "sign", 4), "i")
     assert fixed.parts(100_000) == 4 and FetchChoice(exchange_mode("updates", "sign"), "i").parts(100_000) == 1
     auto = FetchChoice(exchange_mode("auto", "sign"), "i")
+    with caplog.at_level("WARNING"):
+        assert auto.parts(100_000) == 16 and not caplog.records and auto.describe() == ""
     auto.landed("p", 100_000 / 8.0, 1_000_000)  # an update takes 8 s: 2 rounds of 4 s
     auto.next(1_000_000, 4.0)
     with caplog.at_level("WARNING"):
