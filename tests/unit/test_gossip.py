@@ -121,26 +121,35 @@ def test_a_finished_fetch_is_never_lost_to_a_new_one(server):
     worker.close()
 
 
-def test_a_worker_follows_a_partners_public_state_and_refuses_one_that_drifted(server):
-    """`exchange="updates"`: the first fetch starts from the initial weights (`INIT`), the next brings
-    the copy up by one update; a copy whose digest disagrees with the sender's is dropped, and the
-    exchange fails as the partner's fault (`bad_state`)."""
+def _public_sender(server, parts: int = 1):
+    """The run's initial weights, a public state that starts there, and a function that advances it
+    (in `parts` fragments) and publishes it on `server` (`digest`: a false one; `shift`: fragments
+    placed that many values further), and a gossip worker that follows it."""
     from p2p_diloco.core.params import weights_digest
-    from p2p_diloco.core.public import PublicCopies, PublicState
+    from p2p_diloco.core.public import PublicCopies, PublicState, Update
     from p2p_diloco.exchange.public_views import PublicView
 
     initial = torch.randn(1000, generator=torch.Generator().manual_seed(0))
     sender = PublicState(initial, "sign", from_init=True)
 
-    def publish(digest=None):
-        sender.advance(initial + 0.1 * sender.version + 0.1)
+    def publish(digest=None, shift=0):
+        sender.advance(initial + 0.1 * sender.version + 0.1, parts=parts)
+        updates = tuple(Update(u.values, u.at + shift) for u in sender.updates)
         server.publish({"phi": initial}, sender.version, 1000)
-        server.publish_public(PublicView(chain=sender.chain, version=sender.version, pub=sender.pub,
-                                         updates=tuple(sender.updates), outer_version=sender.version, tokens=1000,
-                                         meta={}, digest=digest or weights_digest(sender.pub), from_init=True))
+        server.publish_public(PublicView(chain=sender.chain, version=sender.version, pub=sender.pub, updates=updates,
+                                         outer_version=sender.version, tokens=1000, meta={},
+                                         digest=digest or weights_digest(sender.pub), from_init=True, parts=parts))
 
     copies = PublicCopies(initial=initial.clone())
-    worker = GossipWorker(NET, timeout_s=5.0, copies=copies, measure_public=lambda copy: 0.5)
+    return initial, sender, publish, copies, GossipWorker(NET, timeout_s=5.0, copies=copies,
+                                                          measure_public=lambda copy: 0.5)
+
+
+def test_a_worker_follows_a_partners_public_state_and_refuses_one_that_drifted(server):
+    """`exchange="updates"`: the first fetch starts from the initial weights (`INIT`), the next brings
+    the copy up by one update; a copy whose digest disagrees with the sender's is dropped, and the
+    exchange fails as the partner's fault (`bad_state`)."""
+    _, sender, publish, copies, worker = _public_sender(server)
     for version in (1, 2):
         publish()
         assert worker.start(_record(server, version))
@@ -157,24 +166,10 @@ def test_a_worker_follows_a_partners_public_state_and_refuses_one_that_drifted(s
 def test_a_worker_follows_a_public_state_sent_in_fragments_and_refuses_a_fragment_out_of_bounds(server):
     """Updates of one fragment each: the copy follows bit for bit, knows the sender's fragments (what
     it mixes is scaled by them, `partner_state`), and an update placed past the end is refused."""
-    from p2p_diloco.core.params import weights_digest
-    from p2p_diloco.core.public import PublicCopies, PublicState
-    from p2p_diloco.exchange.public_views import PublicView
+    from p2p_diloco.core.public import PublicState
     from p2p_diloco.peers.gossip import partner_state
 
-    initial = torch.randn(1000, generator=torch.Generator().manual_seed(0))
-    sender = PublicState(initial, "sign", from_init=True)
-
-    def publish(shift=0):
-        sender.advance(initial + 0.1 * sender.version + 0.1, parts=4)
-        updates = tuple(type(u)(u.values, u.at + shift) for u in sender.updates)
-        server.publish({"phi": initial}, sender.version, 1000)
-        server.publish_public(PublicView(chain=sender.chain, version=sender.version, pub=sender.pub, updates=updates,
-                                         outer_version=sender.version, tokens=1000, meta={},
-                                         digest=weights_digest(sender.pub), from_init=True, parts=4))
-
-    copies = PublicCopies(initial=initial.clone())
-    worker = GossipWorker(NET, timeout_s=5.0, copies=copies, measure_public=lambda copy: 0.5)
+    initial, sender, publish, _, worker = _public_sender(server, parts=4)
     for version in (1, 2):
         publish()
         assert worker.start(_record(server, version))
