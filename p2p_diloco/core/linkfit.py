@@ -9,9 +9,10 @@ too long at the rate seen gives way to updates at once (`give_way`), so a slow l
 probe, not rounds. Two thresholds apart (hysteresis) keep a link near one of them from flipping the
 choice each round.
 
-Where even an update takes a good share of a round, the island sends its updates in fragments
+Where even an update takes half a round, the island sends its updates in fragments
 (`core.public`): the fewest (a power of two) of which one moves in `FRAGMENT_SHARE` of a round at
-that rate (`parts`). The sender chooses, from what it measured of its partners, as the receiver
+that rate (`parts`); below that, whole updates mixed whole did better than fragments mixed a
+share at a time. The sender chooses, from what it measured of its partners, as the receiver
 chooses what it fetches; each update says its span, so a receiver follows any choice.
 
 Both choices pay a fetch's round trips, so what decides is the transfer: a whole state's bytes at
@@ -37,11 +38,12 @@ PROBE_SHARE = 0.05
 """A running whole-state fetch is judged once its data has flowed for this share of a round."""
 RATE_MEMORY = 16
 """A partner's rate counts for this many fetch choices after it was measured."""
+FRAGMENTS_ABOVE = 0.5
+"""An update that would take more than this share of a round goes in fragments (BENCHMARKS.md, "Fragments")."""
 FRAGMENT_SHARE = 0.15
-"""An update that would take more than this share of a round goes in fragments (as a whole state over
-`UPDATES_ABOVE` goes in updates: BENCHMARKS.md, "Fragments")."""
+"""... in as many as put one under this share of a round."""
 FEWER_BELOW = 0.7
-"""Fewer fragments only once one of them would take under this share of `FRAGMENT_SHARE` (hysteresis)."""
+"""Fewer fragments only once the fewer would take under this share of their bound (hysteresis)."""
 
 
 @dataclass(frozen=True)
@@ -108,8 +110,9 @@ class LinkFit:
         return fit, changed
 
     def parts(self, update_bytes: int, round_s: float, most: int) -> tuple[int, str]:
-        """How many fragments the next update goes in (at most `most`), and why ("": no rate to say): the fewest, a power of
-        two, of which one moves in `FRAGMENT_SHARE` of a round at the slowest recent rate; fewer than
+        """How many fragments the next update goes in (at most `most`), and why ("": no rate to say):
+        none (1) while a whole update moves in `FRAGMENTS_ABOVE` of a round at the slowest recent
+        rate, else the fewest, a power of two, of which one moves in `FRAGMENT_SHARE`; fewer than
         chosen last only with a margin (`FEWER_BELOW`). Before any rate is measured, `most`: an
         island's first updates go out before its first fetch measures a link, and one that is too
         big for it would hold its receivers' fetches for rounds (on a fast link nobody fetches them)."""
@@ -118,13 +121,16 @@ class LinkFit:
             self._parts = None
             return most, ""
         ratio, want = update_bytes / rate / round_s, 1
-        while want < most and ratio / want > FRAGMENT_SHARE:
-            want *= 2
-        if was is not None and want < min(was, most) and ratio / want > FRAGMENT_SHARE * FEWER_BELOW:
-            want = min(was, most)
-        self._parts = want
+        if ratio > FRAGMENTS_ABOVE * (FEWER_BELOW if was and was > 1 else 1):
+            want = 2
+            while want < most and ratio / want > FRAGMENT_SHARE:
+                want *= 2
+            if was is not None and 1 < want < min(was, most) and ratio / want > FRAGMENT_SHARE * FEWER_BELOW:
+                want = min(was, most)
+        self._parts = want = min(want, most)
         return want, (f"an update ({update_bytes / 1e3:.0f} kB) takes {ratio:.2f} rounds to move at "
-                      f"{rate * 8 / 1e6:.2f} Mbit/s (a fragment of it under {FRAGMENT_SHARE:g})")
+                      f"{rate * 8 / 1e6:.2f} Mbit/s (fragments above {FRAGMENTS_ABOVE:g}, each under "
+                      f"{FRAGMENT_SHARE:g})")
 
     @staticmethod
     def give_way(data_s: float, rate_bps: float, received: int, state_bytes: int, round_s: float) -> bool:

@@ -164,12 +164,12 @@ def test_a_rate_too_old_to_count_does_not_make_a_whole_state_a_probe():
 
 
 def test_updates_go_in_as_few_fragments_as_fit_the_link_with_hysteresis():
-    from p2p_diloco.core.linkfit import FEWER_BELOW, FRAGMENT_SHARE
+    from p2p_diloco.core.linkfit import FEWER_BELOW, FRAGMENT_SHARE, FRAGMENTS_ABOVE
 
     fit, update, round_s = LinkFit(), 100_000, 4.0
     rate = lambda share: update / (share * FRAGMENT_SHARE * round_s)  # noqa: E731 - an update takes `share` x the bound
     assert fit.parts(update, round_s, 16) == (16, "")  # before any rate: small, and nothing to say
-    fit.measured("a", rate(0.9))
+    fit.measured("a", update / (0.9 * FRAGMENTS_ABOVE * round_s))  # a whole update fits: no fragments
     assert fit.parts(update, round_s, 16)[0] == 1
     fit.measured("a", rate(6))  # 4 fragments would take 1.5x the bound, 8 take 0.75x
     parts, why = fit.parts(update, round_s, 16)
@@ -180,6 +180,12 @@ def test_updates_go_in_as_few_fragments_as_fit_the_link_with_hysteresis():
     assert fit.parts(update, round_s, 16)[0] == 4
     fit.measured("a", rate(6))
     assert fit.parts(update, round_s, 2)[0] == 2  # no more than the exchange allows
+    fit.measured("a", update / (0.4 * round_s))  # a whole update in 0.4 rounds: over the margin, fragments stay
+    assert fit.parts(update, round_s, 16)[0] == 4
+    fit.measured("a", update / (0.3 * round_s))  # under it: whole updates again
+    assert fit.parts(update, round_s, 16)[0] == 1
+    fit.measured("a", update / (0.45 * round_s))  # under FRAGMENTS_ABOVE: whole updates fit
+    assert fit.parts(update, round_s, 16)[0] == 1
 
 
 def test_an_island_says_once_when_its_updates_go_in_fragments(caplog):
@@ -197,5 +203,5 @@ def test_an_island_says_once_when_its_updates_go_in_fragments(caplog):
         assert auto.parts(100_000) == 16 and auto.parts(100_000) == 16
     said = [r.message for r in caplog.records if "sends its updates in" in r.message]
     assert said == ["i sends its updates in 16 fragments now: an update (100 kB) takes 2.00 rounds to move at "
-                    "0.10 Mbit/s (a fragment of it under 0.15)"]
+                    "0.10 Mbit/s (fragments above 0.5, each under 0.15)"]
     assert auto.describe().endswith("; sends updates in 16 fragments")
