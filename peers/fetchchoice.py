@@ -97,6 +97,10 @@ class FetchChoice:
             if rate_bps > 0 and self._running == (peer_id, True) and nbytes / rate_bps >= PROBE_SHARE * self._round_s:
                 self._measured = True  # an update that took as long as a probe: it measured the link
 
+    def slowest_rate(self) -> float:
+        """The slowest partner rate measured lately, bytes per second (0: none, or a fixed exchange)."""
+        return (self.fit.rate() or 0.0) if self.fit is not None else 0.0
+
     def parts(self, update_bytes: int) -> int:
         """The fragments this island's next update goes in (`core.public`): the exchange's own, or with
         `--exchange auto` as many as the link calls for (`LinkFit.parts`), a change said once (the

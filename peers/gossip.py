@@ -102,7 +102,8 @@ class GossipWorker:
         with self._lock:
             return self._result is not None
 
-    def start(self, partner: IslandRecord, min_version: int = 0, wait_until: float = 0.0, updates: bool = True) -> bool:
+    def start(self, partner: IslandRecord, min_version: int = 0, wait_until: float = 0.0, updates: bool = True,
+              rate_bps: float = 0.0) -> bool:
         """Begin fetching `partner`'s snapshot in the background; False if a fetch is still running or
         its result has not been taken. `updates=False`: its whole state, though this island holds
         public states (`--exchange auto` on a fast link).
@@ -111,15 +112,17 @@ class GossipWorker:
         `time.monotonic()` passes `wait_until`, then sends whatever it has (`hello.want`,
         `exchange.parked`): the answer leaves the moment the version exists, where discovery would
         learn of it a second or two later, and waiting costs no request but the fetch's own.
+        `rate_bps`: the slowest partner rate the island measured, for a link this fetch has not
+        measured (the silence a fetch allows, `exchange.client.silence_allowed`).
         """
         if self.busy or self._closed or self.has_result:
             return False
-        self._thread = threading.Thread(target=self._fetch, args=(partner, min_version, wait_until, updates),
+        self._thread = threading.Thread(target=self._fetch, args=(partner, min_version, wait_until, updates, rate_bps),
                                         name=f"gossip-{partner.peer_id[:8]}", daemon=True)
         self._thread.start()
         return True
 
-    def _fetch(self, partner: IslandRecord, min_version: int, wait_until: float, updates: bool) -> None:
+    def _fetch(self, partner: IslandRecord, min_version: int, wait_until: float, updates: bool, rate_bps: float) -> None:
         from p2p_diloco.exchange.client import Fetcher
 
         started = time.monotonic()
@@ -133,7 +136,7 @@ class GossipWorker:
                 wait = partner.version < min_version and wait_until > started  # the server holds its answer
                 snap = fetcher.fetch(self.timeout_s, decode=False,  # decoded slice by slice as it is mixed
                                      pub=public, held=self.copies.asking(partner.peer_id) if public else None,
-                                     want=min_version if wait else None, wait_s=wait_until - started)
+                                     want=min_version if wait else None, wait_s=wait_until - started, rate_hint=rate_bps)
                 copy = self._hold_public(partner.peer_id, snap) if public else None
                 measured = self.measured(snap) if copy is None else self._measured_public(copy)
                 self._running = None

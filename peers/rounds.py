@@ -200,13 +200,14 @@ class Rounds:
             return True
         v, members = self.outer.state.version, self.membership.members()
         updates, ring = self.choice.next(self.publisher.state_bytes, self.last_round_s)
+        rate = self.choice.slowest_rate()
         if fresh_until is None or not self.choice.waits(updates):
             partner = self.chooser.choose(members, v, ring=ring)
-            started = partner is not None and self.gossip.start(partner, updates=updates)
+            started = partner is not None and self.gossip.start(partner, updates=updates, rate_bps=rate)
         else:
             partner = self.chooser.choose(members, v, min_version=v - 1, skip_recent=True, waits=True, ring=ring)
             started = partner is not None and self.gossip.start(partner, min_version=v, wait_until=fresh_until,
-                                                                updates=updates)
+                                                                updates=updates, rate_bps=rate)
         if started:
             self.choice.started(partner.peer_id, updates)
             self.alone.exchanged()

@@ -80,3 +80,4 @@ def procs():
         yield group
     finally:
         group.cleanup()
+
