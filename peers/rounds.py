@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-
 from typing import Callable
 
 from p2p_diloco.config import DiLoCoConfig, IslandConfig, NetworkConfig
@@ -194,17 +193,17 @@ class Rounds:
 
         Until `fresh_until` (monotonic), only a partner at this island's version, or one version
         behind and so about to publish it, that was not one of the last two partners qualifies;
-        the fetch then waits for it to publish this version, until `fresh_until`.
-        """
+        the fetch then waits for it to publish this version, until `fresh_until`. A fetch that need
+        not wait (`FetchChoice.waits`) takes any partner, and waits too where it finds none."""
         if self.gossip.busy or self.gossip.has_result:
             return True
         v, members = self.outer.state.version, self.membership.members()
         updates, ring = self.choice.next(self.publisher.state_bytes, self.last_round_s)
-        rate = self.choice.slowest_rate()
+        rate, partner, started = self.choice.slowest_rate(), None, False
         if fresh_until is None or not self.choice.waits(updates):
             partner = self.chooser.choose(members, v, ring=ring)
             started = partner is not None and self.gossip.start(partner, updates=updates, rate_bps=rate)
-        else:
+        if partner is None and fresh_until is not None:
             partner = self.chooser.choose(members, v, min_version=v - 1, skip_recent=True, waits=True, ring=ring)
             started = partner is not None and self.gossip.start(partner, min_version=v, wait_until=fresh_until,
                                                                 updates=updates, rate_bps=rate)

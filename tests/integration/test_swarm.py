@@ -193,8 +193,10 @@ def test_islands_that_exchange_public_state_updates_learn_on_a_fraction_of_the_b
         assert s["eval_loss"] < s["initial_loss"] - 1.0, s
         successor = next((i for i in ids if i > s["peer_id"]), ids[0])
         mixed = [r["partner"] for r in isl.rounds() if r.get("weight")]
-        # the ring, once all are in (the rows say why, where it is not)
-        assert collections.Counter(mixed[-6:]).most_common(1)[0][0] == successor, (successor, mixed, [
+        # the ring, once all are in (the rows say why, where it is not; an island that started late and refused
+        # its successor's state once as implausible, 10 versions ahead, backs off it for a while, then comes back)
+        assert (collections.Counter(mixed[-6:]).most_common(1)[0][0] == successor
+                or mixed[-3:] == [successor] * 3), (successor, mixed, [
             {k: r.get(k) for k in ("version", "partner", "staleness", "fetch_error", "refused")} for r in isl.rounds()[-8:]])
         update_rounds = [r["bytes_in"] for r in isl.rounds() if r.get("weight") and r["version"] > 6]
         assert update_rounds and statistics.median(update_rounds) < int8_state / share, (update_rounds, int8_state)
