@@ -7,8 +7,8 @@ straight into the fp32 result (see `payload.py`) while a second thread verifies 
 beyond the state is the window plus at most three received chunks awaiting their check.
 
 Failures raise a `TransportError` subclass and never return a partial state: `TransportTimeout`
-(nothing heard for `timeout` seconds, or a few chunks' time on a slow link), `ConnectionLost` (the peer dropped mid-exchange),
-`VersionGone` (the snapshot was replaced and evicted), `AuthRefused` (secret handshake failed),
+(nothing heard for `timeout` seconds, or a few chunks' time on a slow link), `ConnectionLost` (the
+peer dropped mid-exchange), `VersionGone` (the snapshot was replaced and evicted), `AuthRefused` (secret handshake failed),
 `ProtocolMismatch` (other major version), `BadPayload`/`ProtocolError` (the peer broke the rules).
 `push` (1.1) sends this side's own snapshot, for an island nobody can dial (`push.py` receives it).
 """
