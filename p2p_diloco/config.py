@@ -7,8 +7,7 @@ take their defaults from these fields, so a default is written once, here.
 
 Plain Python on purpose (no torch): the CLI, the dashboard and discovery build configs without
 loading the training core. The names the sections accept (codecs, discovery kinds, model presets)
-are constants in `p2p_diloco.choices`. The simulator's own section lives with it
-(`p2p_diloco.sim.config`).
+are constants in `p2p_diloco.choices`; the simulator's own section lives with it (`sim.config`).
 """
 
 from __future__ import annotations
@@ -157,20 +156,16 @@ class DiLoCoConfig:
     """When the island's budget is spent, fetch one partner's last state and mix it before the
     final checkpoint (one more fetch per run; BENCHMARKS.md, "When a partner's state is mixed")."""
     exchange: str = "auto"
-    """What an island fetches: `auto` (whole states where one moves in a small share of a round over the
-    link it measures, else updates, in fragments where even those do not fit: `core.linkfit`), whole
-    `state`s, `updates` of a public state that follows each one's anchor with error feedback
-    (`core.public`: from the next member in the ring of peer ids, one update per round; momentum
-    local), or those updates in `fragments`. All but `state` keep a public state."""
+    """What an island fetches: `auto` (whole states, updates or their fragments, whichever fits the link it
+    measures: `core.linkfit`), whole `state`s, `updates` of a public state that follows its anchor with
+    error feedback (`core.public`: from the ring successor, momentum local), or them in `fragments`."""
     update_codec: str = "sign"
     """Codec of the updates with `exchange="updates"`: `sign` or `int4` (`UPDATE_CODECS`)."""
     fragments: int = 4
-    """With `exchange="fragments"`: each update covers one of this many spans of the parameters, in
-    turn (`core.public`); `auto` chooses it from the link, up to `MAX_FRAGMENTS`."""
+    """With `exchange="fragments"`: each update covers one of this many spans in turn (`core.public`)."""
     offload_outer: bool = False
-    """Keep the anchor and outer momentum in host memory instead of on the accelerator, as OpenDiLoCo
-    does, to save accelerator memory (two more fp32 copies of the model); mixing and the outer step
-    then run on the host."""
+    """Keep the anchor and outer momentum in host memory instead of on the accelerator, as OpenDiLoCo does,
+    to save accelerator memory (two more fp32 copies of the model); mixing and the outer step then run on the host."""
 
     def __post_init__(self) -> None:
         s = "diloco"
@@ -181,8 +176,7 @@ class DiLoCoConfig:
         _require(self.momentum in MOMENTUM_MODES, s, "momentum", f"one of {MOMENTUM_MODES}", self.momentum)
         _require(self.exchange in EXCHANGES and self.update_codec in UPDATE_CODECS, s, "exchange/update_codec",
                  f"in {EXCHANGES} and {UPDATE_CODECS}", (self.exchange, self.update_codec))
-        _require(type(self.fragments) is int and 1 <= self.fragments <= MAX_FRAGMENTS, s, "fragments",
-                 f"an integer in [1, {MAX_FRAGMENTS}]", self.fragments)
+        _require(type(self.fragments) is int and 1 <= self.fragments <= MAX_FRAGMENTS, s, "fragments", f"an integer in [1, {MAX_FRAGMENTS}]", self.fragments)
         _require(0 < self.mix_weight <= 1, s, "mix_weight", "in (0, 1]", self.mix_weight)
         _require(self.max_staleness >= 0, s, "max_staleness", ">= 0", self.max_staleness)
         _require(self.max_token_ratio >= 1 and self.max_version_jump >= 0, s, "max_token_ratio/max_version_jump",

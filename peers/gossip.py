@@ -113,7 +113,7 @@ class GossipWorker:
         `exchange.parked`): the answer leaves the moment the version exists, where discovery would
         learn of it a second or two later, and waiting costs no request but the fetch's own.
         `rate_bps`: the slowest partner rate the island measured, for a link this fetch has not
-        measured (the silence a fetch allows, `exchange.client.silence_allowed`).
+        measured (the silence a fetch allows, `exchange.flowcontrol.WindowController.silence_s`).
         """
         if self.busy or self._closed or self.has_result:
             return False

@@ -121,7 +121,7 @@ class LinkFit:
             self._parts = None
             return most, ""
         ratio, want = update_bytes / rate / round_s, 1
-        if ratio > FRAGMENTS_ABOVE * (FEWER_BELOW if was and was > 1 else 1):
+        if ratio > FRAGMENTS_ABOVE * (FEWER_BELOW if (was or 1) > 1 else 1):
             want = 2
             while want < most and ratio / want > FRAGMENT_SHARE:
                 want *= 2

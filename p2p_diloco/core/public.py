@@ -104,6 +104,11 @@ class Update:
     def nbytes(self) -> int:
         return self.values.buf.numel()
 
+    def check_fits(self, numel: int) -> None:
+        """`CodecError` unless it lies within a public state of `numel` values."""
+        if self.at < 0 or self.at + self.values.numel() > numel:
+            raise CodecError(f"an update of {self.values.numel()} values at {self.at} for a public state of {numel}")
+
 
 def encode_update(pub: torch.Tensor, anchor: torch.Tensor, codec: str) -> EncodedVector:
     """The anchor's difference from the public state `pub`, encoded in `codec`: the next update
@@ -114,9 +119,8 @@ def encode_update(pub: torch.Tensor, anchor: torch.Tensor, codec: str) -> Encode
 
 def apply_(pub: torch.Tensor, update: EncodedVector, at: int = 0) -> torch.Tensor:
     """Add the decoded `update` to `pub[at:]` in place, a slice at a time (no whole-state temporary, and
-    no fresh pages to fault in every round: BENCHMARKS.md, "Slow links"); returns `pub`."""
-    if at < 0 or at + update.numel() > pub.numel():
-        raise CodecError(f"an update of {update.numel()} values at {at} for a public state of {pub.numel()}")
+    no fresh pages to fault in every round: BENCHMARKS.md, "Slow links"); returns `pub`. The caller
+    checked that it fits (`Update.check_fits`)."""
     for start in range(0, update.numel(), APPLY_CHUNK):
         end = min(start + APPLY_CHUNK, update.numel())
         pub[at + start:at + end] += update[start:end].float()
@@ -142,8 +146,10 @@ class PublicState:
         """Fragments of the last update (1: whole updates)."""
         self._stagger = int(self.chain[:8], 16) if stagger is None else stagger
         self.updates: deque[Update] = deque()
-        self._keep, self._kept_bytes = keep, 0
-        """A bound on the updates kept by count (None: by bytes, those of the fp32 public state)."""
+        self._most = min(keep or MAX_KEPT, MAX_KEPT)
+        self._budget = None if keep else 4 * self.pub.numel()
+        """Updates are kept up to `_most` and, without a `keep` count, the fp32 public state's bytes."""
+        self._kept_bytes = 0
 
     def advance(self, anchor: torch.Tensor, parts: int = 1) -> Update:
         """Encode the anchor's difference from the public state (of this version's fragment of `parts`),
@@ -157,8 +163,8 @@ class PublicState:
         self.version, self.parts = self.version + 1, parts
         self.updates.append(update)
         self._kept_bytes += update.nbytes
-        while len(self.updates) > min(self._keep or MAX_KEPT, MAX_KEPT) or (
-                not self._keep and len(self.updates) > 1 and self._kept_bytes > 4 * self.pub.numel()):
+        while len(self.updates) > 1 and (len(self.updates) > self._most or
+                                         (self._budget is not None and self._kept_bytes > self._budget)):
             self._kept_bytes -= self.updates.popleft().nbytes
         return update
 
@@ -221,10 +227,8 @@ class PublicCopies:
         if copy is None or copy.chain != chain or copy.version != start:
             held = "none" if copy is None else f"chain {copy.chain} at version {copy.version}"
             raise CodecError(f"updates of chain {chain} from version {start} do not apply to the copy held ({held})")
-        for u in updates:
-            if u.at < 0 or u.at + u.values.numel() > copy.pub.numel():
-                raise CodecError(f"an update of {u.values.numel()} values at {u.at} for a public state of "
-                                 f"{copy.pub.numel()}")
+        for u in updates:  # all checked before any is applied
+            u.check_fits(copy.pub.numel())
         for u in updates:
             apply_(copy.pub, u.values, u.at)
         copy.version += len(updates)

@@ -8,8 +8,8 @@ beyond the state is the window plus at most three received chunks awaiting their
 
 Failures raise a `TransportError` subclass and never return a partial state: `TransportTimeout`
 (nothing heard for `timeout` seconds, or a few chunks' time on a slow link), `ConnectionLost` (the
-peer dropped mid-exchange), `VersionGone` (the snapshot was replaced and evicted), `AuthRefused` (secret handshake failed),
-`ProtocolMismatch` (other major version), `BadPayload`/`ProtocolError` (the peer broke the rules).
+peer dropped mid-exchange), `VersionGone` (the snapshot was replaced and evicted), `AuthRefused`
+(secret handshake failed), `ProtocolMismatch` (other major version), `BadPayload`/`ProtocolError` (the peer broke the rules).
 `push` (1.1) sends this side's own snapshot, for an island nobody can dial (`push.py` receives it).
 """
 
@@ -68,8 +68,6 @@ class Snapshot:
     manifest: wire.Manifest = field(repr=False)
 
 
-SILENCE_CHUNKS = 4
-"""A fetch over a slow link may hear nothing for this many chunks' time at its rate (`silence_allowed`)."""
 CANCEL_CHECK_S = 0.05
 """While it waits for a chunk, a fetch looks this often whether it was given up (`Fetcher.cancel`)."""
 
@@ -144,12 +142,12 @@ class Fetcher:
         quarter of the fp32 memory for int8), checked the same way, decoded later a slice at a time.
         1.1: with `pub`, the public state or the updates since `held`, the (chain, version) held;
         with `want`, the server answers once it has published that version, or after `wait_s`.
-        `rate_hint`: a link rate the caller measured, for a link this connection has not (`silence_allowed`).
+        `rate_hint`: a link rate the caller measured, for a link this connection has not (`silence_s`).
         """
-        cfg = self.config
         self._drain_monitor(busy=False)
+        cfg = self.config
         ctl = flowcontrol.WindowController.for_config(cfg, prior=flowcontrol.remembered(self.endpoint))
-        timeout = silence_allowed(timeout or cfg.fetch_timeout_s, ctl, rate_hint)
+        timeout = ctl.silence_s(timeout or cfg.fetch_timeout_s, wire.MIN_CHUNK, rate_hint)
         first, t0 = self._rid + 1, time.monotonic()
         hello = wire.Hello(rid=self._next_rid(), prefetch=ctl.window_bytes(wire.MIN_CHUNK),
                            chunk=ctl.chunk_bytes(wire.MIN_CHUNK), peer=self.peer, pub=pub,
@@ -377,15 +375,6 @@ class Fetcher:
                 was_up, self._up = self._up, False
                 if busy and was_up:
                     raise ConnectionLost(f"{self.endpoint} closed the connection mid-exchange")
-
-
-def silence_allowed(timeout: float, ctl: flowcontrol.WindowController, rate_hint: float = 0.0) -> float:
-    """How long a fetch may hear nothing: `timeout`, or `SILENCE_CHUNKS` chunks' time at the link's
-    rate where that is longer (the link measured before, else `rate_hint`, bytes per second: what the
-    caller measured of its partners' links): on a slow uplink that serves other fetches too, one
-    64 KiB chunk can take longer than `timeout`."""
-    rate = ctl.bandwidth or rate_hint
-    return timeout if rate <= 0 else max(timeout, SILENCE_CHUNKS * ctl.chunk_bytes(wire.MIN_CHUNK) / rate)
 
 
 def fetch(endpoint: str, config: NetworkConfig | None = None, timeout: float | None = None,

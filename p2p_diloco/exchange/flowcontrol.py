@@ -43,6 +43,10 @@ _estimates: OrderedDict[str, LinkEstimate] = OrderedDict()
 _lock = threading.Lock()
 
 
+SILENCE_CHUNKS = 4
+"""A fetch over a slow link may hear nothing for this many chunks' time at its rate (`WindowController.silence_s`)."""
+
+
 def remembered(endpoint: str) -> LinkEstimate | None:
     with _lock:
         return _estimates.get(endpoint)
@@ -110,6 +114,14 @@ class WindowController:
         hi = max(lo, self.max_chunk - self.max_chunk % block)
         c = 1 << max(0, int(want).bit_length() - 1)  # a power of two, like the block
         return min(hi, max(lo, c - c % block))
+
+    def silence_s(self, timeout: float, block: int, rate_hint: float = 0.0) -> float:
+        """How long a fetch may hear nothing: `timeout`, or `SILENCE_CHUNKS` chunks' time at the link's
+        rate where that is longer (this link's, else `rate_hint`, bytes per second: what the caller
+        measured of its partners' links): on a slow uplink that serves other fetches too, one 64 KiB
+        chunk can take longer than `timeout`."""
+        rate = self.bandwidth or rate_hint
+        return timeout if rate <= 0 else max(timeout, SILENCE_CHUNKS * self.chunk_bytes(block) / rate)
 
     def window_bytes(self, block: int) -> int:
         """Bytes to keep requested but not yet received."""

@@ -77,9 +77,7 @@ class PublicStates:
         anchor moved by the public states' difference, so that mixing with weight a moves it by
         a (theirs - its own public state), or `mixed_share` of that."""
         own = self.senders[receiver].state
-        diff = theirs.pub - own.pub
-        share = mixed_share(theirs.parts, own.parts)
-        phi = anchor + (diff if share == 1 else diff * share)
+        phi = anchor + (theirs.pub - own.pub) * mixed_share(theirs.parts, own.parts)
         return PartnerState(phi=phi, m=None, version=partner.version, tokens=partner.tokens, peer=partner.peer)
 
 

@@ -168,11 +168,14 @@ def test_the_shelf_keeps_the_newest_and_what_a_fetch_still_reads_within_bounds()
 def test_a_fetch_over_a_slow_link_allows_a_few_chunks_of_silence():
     """On a slow uplink shared with other fetches one chunk can take longer than the timeout: a link
     measured before, or the rate the caller measured of its partners, lengthens it."""
-    from p2p_diloco.exchange.client import SILENCE_CHUNKS, silence_allowed
-    from p2p_diloco.exchange.flowcontrol import LinkEstimate, WindowController
+    from p2p_diloco.exchange.flowcontrol import SILENCE_CHUNKS, LinkEstimate, WindowController
     from p2p_diloco.exchange.wire import MIN_CHUNK
 
     cfg = NetworkConfig()
+
+    def silence_allowed(timeout, ctl, rate_hint=0.0):
+        return ctl.silence_s(timeout, MIN_CHUNK, rate_hint)
+
     assert silence_allowed(10.0, WindowController.for_config(cfg)) == 10.0  # nothing known: the timeout
     slow = LinkEstimate(rtt_s=0.2, bytes_per_s=9000.0)  # 0.072 Mbit/s: a 64 KiB chunk in 7.3 s
     allowed = silence_allowed(10.0, WindowController.for_config(cfg, prior=slow))
