@@ -11,9 +11,11 @@ whole-state fetch (`give_way`), and says each change once, in the log and in the
 from __future__ import annotations
 
 import logging
+from typing import Mapping
 
 from p2p_diloco.core.linkfit import PROBE_SHARE, LinkFit
 from p2p_diloco.core.modes import Exchange
+from p2p_diloco.discovery.records import IslandRecord
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +33,8 @@ what it models, so it does not probe."""
 class FetchChoice:
     """See the module docstring."""
 
-    def __init__(self, exchange: Exchange, name: str) -> None:
-        self.name, self.exchange = name, exchange
+    def __init__(self, exchange: Exchange, name: str, peer_id: str) -> None:
+        self.name, self.exchange, self.peer_id = name, exchange, peer_id
         self.fit = LinkFit() if exchange.adaptive else None
         self._parts = 1
         self._running: tuple[str, bool] | None = None
@@ -42,6 +44,9 @@ class FetchChoice:
         self._measured = False
         """One of those measured the link."""
         self._round_s = 0.0
+        self.measured_last: tuple[str | None, float] = (None, 0.0)
+        """The partner whose link a fetch measured last, and the rate (bytes per second): the
+        island's record says it, and that partner reads it as its uplink's (`parts`)."""
 
     def next(self, state_bytes: int, round_s: float) -> tuple[bool, bool | None]:
         """Whether the next fetch asks for updates, and the partner choice's ring for it (None: the
@@ -86,27 +91,36 @@ class FetchChoice:
         _, received, data_s, rate = progress
         if not self.fit.give_way(data_s, rate, received, state_bytes, round_s):
             return False
-        self.fit.measured(self._running[0], rate)
+        self._measured_from(self._running[0], rate)
         self._running = (self._running[0], True)
         return True
 
     def landed(self, peer_id: str, rate_bps: float, nbytes: int) -> None:
         """A fetch from `peer_id` finished, at this rate (bytes per second), bringing `nbytes`."""
         if self.fit is not None:
-            self.fit.measured(peer_id, rate_bps)
+            self._measured_from(peer_id, rate_bps)
             if rate_bps > 0 and self._running == (peer_id, True) and nbytes / rate_bps >= PROBE_SHARE * self._round_s:
                 self._measured = True  # an update that took as long as a probe: it measured the link
+
+    def _measured_from(self, peer_id: str, rate_bps: float) -> None:
+        self.fit.measured(peer_id, rate_bps)
+        if rate_bps > 0:
+            self.measured_last = (peer_id, rate_bps)
 
     def slowest_rate(self) -> float:
         """The slowest partner rate measured lately, bytes per second (0: none, or a fixed exchange)."""
         return (self.fit.rate() or 0.0) if self.fit is not None else 0.0
 
-    def parts(self, update_bytes: int) -> int:
+    def parts(self, update_bytes: int, members: Mapping[str, IslandRecord]) -> int:
         """The fragments this island's next update goes in (`core.public`): the exchange's own, or with
-        `--exchange auto` as many as the link calls for (`LinkFit.parts`), a change said once (the
-        small updates before any rate is measured are not a choice to say)."""
+        `--exchange auto` as many as its uplink calls for, as the `members` whose last fetch was
+        from this island measured it (`LinkFit.parts`); a change is said once (the updates before
+        any rate is heard are not a choice to say)."""
         if self.fit is None:
             return self.exchange.fragments
+        for reader, record in members.items():
+            if record.fetched_from == self.peer_id and reader != self.peer_id:
+                self.fit.heard(reader, record.fetched_bps)
         parts, why = self.fit.parts(update_bytes, self._round_s, self.exchange.fragments)
         if why and parts != self._parts:  # (before a rate is measured, small updates go out unsaid)
             log.warning("%s sends its updates in %s now: %s", self.name, _fragments(parts), why)

@@ -356,7 +356,7 @@ class SwarmIsland:
         return None if self.eval_fn is None else float(self.eval_fn())
 
     def publish(self) -> None:
-        self.publisher.publish(self.rounds.choice.parts(self.publisher.update_bytes))
+        self.publisher.publish(self.rounds.choice.parts(self.publisher.update_bytes, self.membership.members()))
         self.gossip.push_to_relay()
 
     def record(self, tokens_per_s: float = 0.0) -> IslandRecord:
@@ -364,12 +364,14 @@ class SwarmIsland:
         s = self.outer.state
         sent = self.bytes_out
         up, down = self.link_rates.update(time.monotonic(), sent, self.tally.bytes_in)
+        fetched_from, fetched_bps = self.rounds.choice.measured_last
         return IslandRecord(peer_id=self.peer_id, endpoint=self.server.endpoint, version=s.version, tokens=s.tokens,
                             tokens_per_s=tokens_per_s, loss=self.last_loss, eval_loss=self.eval_loss,
                             state=self.state, upload_bps=up, download_bps=down, bytes_sent=sent,
                             bytes_received=self.tally.bytes_in, last_partner=self.tally.last_partner,
                             refused=self.checks.refused, last_refused=self.checks.last_refused,
                             alone=self.alone.reason or "", fetches=self.rounds.choice.describe(),
+                            fetched_from=fetched_from, fetched_bps=fetched_bps,
                             started_at=self.started_at, published_at=self.publisher.published_at,
                             timestamp=time.time(), model=self.identity.model, reach=self.reach.mode,
                             name=self.cfg.name or "")

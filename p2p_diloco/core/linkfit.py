@@ -12,8 +12,11 @@ choice each round.
 Where even an update takes half a round, the island sends its updates in fragments
 (`core.public`): the fewest (a power of two) of which one moves in `FRAGMENT_SHARE` of a round at
 that rate (`parts`); below that, whole updates mixed whole did better than fragments mixed a
-share at a time. The sender chooses, from what it measured of its partners, as the receiver
-chooses what it fetches; each update says its span, so a receiver follows any choice.
+share at a time. The sender chooses, from what its partners measured of its own uplink (`heard`:
+each island's record says the rate of its last fetch and whom it fetched from), not from what it
+measured of theirs: two fast islands that fetched from a slow one once would otherwise send each
+other fragments they do not need, and mix a share at a time. Each update says its span, so a
+receiver follows any choice.
 
 Both choices pay a fetch's round trips, so what decides is the transfer: a whole state's bytes at
 the slowest rate measured from a partner lately, against a round. The slowest, not the median: in a
@@ -73,6 +76,8 @@ class LinkFit:
         self._rates: dict[object, tuple[float, int]] = {}
         """Per partner: the rate measured last (bytes per second) and the choice it was measured at."""
         self._choices = 0
+        self._heard: dict[object, tuple[float, int]] = {}
+        """Per partner: the rate it measured last fetching from this island, and the choice it was heard at."""
         self._parts: int | None = None
         """The fragments chosen last from a measured rate (None: not from one)."""
 
@@ -80,6 +85,11 @@ class LinkFit:
         """A fetch from `peer` showed this rate (bytes per second, measured between its chunks)."""
         if rate_bps > 0:
             self._rates[peer] = (rate_bps, self._choices)
+
+    def heard(self, reader: object, rate_bps: float) -> None:
+        """`reader`'s last fetch was from this island and showed this rate (its record says so)."""
+        if rate_bps > 0:
+            self._heard[reader] = (rate_bps, self._choices)
 
     @property
     def probed(self) -> bool:
@@ -89,7 +99,15 @@ class LinkFit:
     def rate(self) -> float | None:
         """The slowest rate measured from a partner in the last `RATE_MEMORY` choices, bytes per
         second (None: none)."""
-        recent = [rate for rate, at in self._rates.values() if self._choices - at < RATE_MEMORY]
+        return self._slowest(self._rates)
+
+    def uplink_rate(self) -> float | None:
+        """The slowest rate a partner measured fetching from this island in the last `RATE_MEMORY`
+        choices, bytes per second (None: none heard)."""
+        return self._slowest(self._heard)
+
+    def _slowest(self, rates: dict[object, tuple[float, int]]) -> float | None:
+        recent = [rate for rate, at in rates.values() if self._choices - at < RATE_MEMORY]
         return min(recent) if recent else None
 
     def choose(self, state_bytes: int, round_s: float) -> tuple[Fit, bool]:
@@ -111,15 +129,15 @@ class LinkFit:
 
     def parts(self, update_bytes: int, round_s: float, most: int) -> tuple[int, str]:
         """How many fragments the next update goes in (at most `most`), and why ("": no rate to say):
-        none (1) while a whole update moves in `FRAGMENTS_ABOVE` of a round at the slowest recent
-        rate, else the fewest, a power of two, of which one moves in `FRAGMENT_SHARE`; fewer than
-        chosen last only with a margin (`FEWER_BELOW`). Before any rate is measured, `most`: an
-        island's first updates go out before its first fetch measures a link, and one that is too
-        big for it would hold its receivers' fetches for rounds (on a fast link nobody fetches them)."""
-        rate, was = self.rate(), self._parts
+        none (1) while a whole update moves in `FRAGMENTS_ABOVE` of a round at the slowest rate
+        heard lately (`uplink_rate`), else the fewest, a power of two, of which one moves in
+        `FRAGMENT_SHARE`; fewer than chosen last only with a margin (`FEWER_BELOW`). With no rate
+        heard lately, the last choice stays; before any, `most`: an island's first updates go out
+        before a partner measures its link, and one that is too big for it would hold its
+        receivers' fetches for rounds (on a fast link nobody fetches them)."""
+        rate, was = self.uplink_rate(), self._parts
         if rate is None or round_s <= 0 or update_bytes <= 0:
-            self._parts = None
-            return most, ""
+            return min(was or most, most), ""
         ratio, want = update_bytes / rate / round_s, 1
         if ratio > FRAGMENTS_ABOVE * (FEWER_BELOW if (was or 1) > 1 else 1):
             want = 2
@@ -129,8 +147,8 @@ class LinkFit:
                 want = min(was, most)
         self._parts = want = min(want, most)
         return want, (f"an update ({update_bytes / 1e3:.0f} kB) takes {ratio:.2f} rounds to move at "
-                      f"{rate * 8 / 1e6:.2f} Mbit/s (fragments above {FRAGMENTS_ABOVE:g}, each under "
-                      f"{FRAGMENT_SHARE:g})")
+                      f"{rate * 8 / 1e6:.2f} Mbit/s, as its partners measured its uplink (fragments "
+                      f"above {FRAGMENTS_ABOVE:g}, each under {FRAGMENT_SHARE:g})")
 
     @staticmethod
     def give_way(data_s: float, rate_bps: float, received: int, state_bytes: int, round_s: float) -> bool:

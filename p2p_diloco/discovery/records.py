@@ -40,11 +40,12 @@ FINGERPRINT_CHARS = 20
 LABEL_ID_CHARS = 8
 """Characters of a peer id that stand for an island without a name (80-bit ids never collide in a
 swarm that size)."""
-OPTIONAL_FIELDS = ("name",)
+OPTIONAL_FIELDS = ("name", "fetched_from", "fetched_bps")
 """Fields a record may lack (records of islands older than the field): they take their default."""
 
 _INT_FIELDS = ("version", "tokens", "bytes_sent", "bytes_received", "refused")
-_FLOAT_FIELDS = ("tokens_per_s", "upload_bps", "download_bps", "started_at", "published_at", "timestamp")
+_FLOAT_FIELDS = ("tokens_per_s", "upload_bps", "download_bps", "fetched_bps", "started_at", "published_at",
+                 "timestamp")
 _OPTIONAL_FLOAT_FIELDS = ("loss", "eval_loss")
 
 
@@ -99,6 +100,11 @@ class IslandRecord:
     bytes_received: int = 0
     last_partner: str | None = None
     """Peer id of the island last mixed with."""
+    fetched_from: str | None = None
+    """Peer id of the partner whose link this island's fetches measured last (`fetched_bps`):
+    that partner reads it as the rate of its own uplink (`core.linkfit.LinkFit.heard`). Optional."""
+    fetched_bps: float = 0.0
+    """The rate that fetch measured between its chunks, bytes per second (0: none). Optional."""
     refused: int = 0
     """Partner states this island refused before mixing (implausible, another model or run); the
     dashboard shows each new refusal as an event."""
@@ -159,7 +165,7 @@ class IslandRecord:
             v = getattr(self, name)
             if not (isinstance(v, str) and len(v) <= MAX_ALONE_CHARS and v.isascii() and v.isprintable()):
                 raise _bad(name, f"printable ASCII of at most {MAX_ALONE_CHARS} characters", v)
-        for name in ("last_partner", "last_refused"):
+        for name in ("last_partner", "last_refused", "fetched_from"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, str) and PEER_ID_RE.match(v)):
                 raise _bad(name, "None or a peer id", v)
@@ -191,7 +197,7 @@ class IslandRecord:
         if unknown or missing:
             raise DiscoveryError(f"island record has unknown fields {unknown} / missing fields {missing}")
         for name in _FLOAT_FIELDS + _OPTIONAL_FLOAT_FIELDS:
-            if isinstance(data[name], int):
+            if isinstance(data.get(name), int):
                 raise _bad(name, "a float (as to_dict writes it)", data[name])
         return cls(**data)
 

@@ -8,8 +8,8 @@ link gives way once its data has flowed for the probe (`LinkFit.give_way`): the 
 the link's rate, and fetches updates from its ring successor at once. An island measures a link
 when a fetch over it lands (or gives way): the simulated link's rate, where the swarm's islands
 estimate it between the fetch's chunks (`exchange.client.FetchStats.data_bytes_per_s`). Each
-island's updates go in as many fragments as the rates it measured call for (`LinkFit.parts`);
-`fetches` counts its updates by their fragments (`updates_in_<F>`).
+island's updates go in as many fragments as its uplink calls for, as the islands that fetched from
+it measured it (`LinkFit.parts`); `fetches` counts its updates by their fragments (`updates_in_<F>`).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class AutoGossipRun(UpdatesGossipRun):
             return super()._fetch_counted(i, j)
         self.fetches["gave_way"] += 1
         self.sent[j] += int(rate * probe)
-        self.fits[i].measured(j, rate)
+        self._measured(i, j, rate)
         self._ring(i)
         online = [o for o in range(self.sim.islands) if self._online(o, self._now)]
         k = ring_successor(online, i) if self.takes_updates[i] else j
@@ -84,11 +84,17 @@ class AutoGossipRun(UpdatesGossipRun):
 
     def _arrived(self, i: int, partner: PartnerState) -> PartnerState:
         if (j := self.source[i]) is not None:
-            self.fits[i].measured(j, self._rate(i, j))
+            self._measured(i, j, self._rate(i, j))
         return partner if self.fetched[i] is None else super()._arrived(i, partner)
 
+    def _measured(self, i: int, j: int, rate: float) -> None:
+        """Island i's fetch from j measured the link: i's choice of what to fetch hears it, and so
+        does j's of its fragments (the swarm's islands read it in i's record)."""
+        self.fits[i].measured(j, rate)
+        self.fits[j].heard(i, rate)
+
     def _parts(self, i: int) -> int:
-        """As many fragments as island i's link calls for (`LinkFit.parts`, from the rates it measured)."""
+        """As many fragments as island i's uplink calls for (`LinkFit.parts`, from the rates heard)."""
         pub = self.public.senders[i].state
         parts, _ = self.fits[i].parts(encoded_nbytes(pub.pub.numel(), pub.codec), self._round_s(i),
                                       self.exchange.fragments)

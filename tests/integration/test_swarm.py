@@ -248,7 +248,8 @@ def test_a_hostile_member_publishing_nan_is_refused_and_the_honest_ones_train_on
     refused at arrival, counted, and never mixed; the honest islands learn from each other."""
     _, entry = start_bootstrap(procs, tmp_path)
     # (a budget it cannot spend before the test ends: it must still be there to be stopped)
-    hostile = IslandProc(procs, tmp_path, "hostile", entry, "-H", "5", "--max-rounds", "1000000", "--poison", "nan",
+    hostile = IslandProc(procs, tmp_path, "hostile", entry, "-H", "5", "--max-rounds", "1000000",
+                         "--max-tokens", str(2**40), "--poison", "nan",
                          command=("bench", "member"))
     honest = [IslandProc(procs, tmp_path, f"h{k}", entry, "-H", "5", "--max-rounds", "1000") for k in range(2)]
     bad = hostile.peer_id

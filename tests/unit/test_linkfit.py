@@ -78,10 +78,10 @@ def test_an_islands_fetch_choice_gives_way_once_and_says_what_it_fetches(caplog)
     from p2p_diloco.core.modes import exchange_mode
     from p2p_diloco.peers.fetchchoice import FetchChoice
 
-    fixed = FetchChoice(exchange_mode("updates", "sign"), "i")
+    fixed = FetchChoice(exchange_mode("updates", "sign"), "i", "me")
     assert fixed.next(1_000_000, 4.0) == (True, None) and fixed.describe() == ""
     assert not fixed.give_way((1.0, 10, 1.0, 1.0), 1_000_000, 4.0)
-    auto, state, round_s = FetchChoice(exchange_mode("auto", "sign"), "i"), 1_000_000, 4.0
+    auto, state, round_s = FetchChoice(exchange_mode("auto", "sign"), "i", "me"), 1_000_000, 4.0
     assert auto.next(state, round_s) == (False, False) and auto.describe().startswith("state: no link measured")
     auto.started("p", False)
     slow = (1.0, 25_000, 1.0, 25_000.0)  # 25 kB/s: the rest takes 39 s, ~10 rounds
@@ -103,7 +103,7 @@ def test_on_updates_an_island_asks_for_a_whole_state_now_and_then_and_goes_back_
     from p2p_diloco.core.modes import exchange_mode
     from p2p_diloco.peers.fetchchoice import REPROBE_EVERY, FetchChoice
 
-    auto, state, round_s = FetchChoice(exchange_mode("auto", "sign"), "i"), 1_000_000, 4.0
+    auto, state, round_s = FetchChoice(exchange_mode("auto", "sign"), "i", "me"), 1_000_000, 4.0
     auto.landed("p", 25_000.0, state)  # a slow rate: updates
     asked = []
     for _ in range(2 * REPROBE_EVERY + 2):
@@ -127,7 +127,7 @@ def test_an_update_that_took_as_long_as_a_probe_measured_the_link_and_spares_the
     from p2p_diloco.core.modes import exchange_mode
     from p2p_diloco.peers.fetchchoice import REPROBE_EVERY, FetchChoice
 
-    auto, state, round_s = FetchChoice(exchange_mode("auto", "sign"), "i"), 1_000_000, 4.0
+    auto, state, round_s = FetchChoice(exchange_mode("auto", "sign"), "i", "me"), 1_000_000, 4.0
     auto.landed("p", 25_000.0, state)
     asked = []
     for _ in range(2 * REPROBE_EVERY + 2):
@@ -142,11 +142,11 @@ def test_only_the_first_whole_state_of_auto_skips_the_wait_for_a_partners_versio
     from p2p_diloco.core.modes import exchange_mode
     from p2p_diloco.peers.fetchchoice import FetchChoice
 
-    auto = FetchChoice(exchange_mode("auto", "sign"), "i")
+    auto = FetchChoice(exchange_mode("auto", "sign"), "i", "me")
     assert not auto.waits(False)  # no rate yet: a probe, whose updates follow in the same round
     auto.landed("p", 1e9, 1_000_000)
     assert auto.waits(False) and not auto.waits(True)
-    fixed = FetchChoice(exchange_mode("updates", "sign"), "i")
+    fixed = FetchChoice(exchange_mode("updates", "sign"), "i", "me")
     assert fixed.waits(True) and fixed.waits(False)
 
 
@@ -156,7 +156,7 @@ def test_a_rate_too_old_to_count_does_not_make_a_whole_state_a_probe():
     from p2p_diloco.core.modes import exchange_mode
     from p2p_diloco.peers.fetchchoice import FetchChoice
 
-    auto = FetchChoice(exchange_mode("auto", "sign"), "i")
+    auto = FetchChoice(exchange_mode("auto", "sign"), "i", "me")
     auto.landed("p", 1e9, 1_000_000)
     for _ in range(RATE_MEMORY + 1):
         assert auto.next(1_000_000, 4.0) == (False, False)
@@ -169,39 +169,61 @@ def test_updates_go_in_as_few_fragments_as_fit_the_link_with_hysteresis():
     fit, update, round_s = LinkFit(), 100_000, 4.0
     rate = lambda share: update / (share * FRAGMENT_SHARE * round_s)  # noqa: E731 - an update takes `share` x the bound
     assert fit.parts(update, round_s, 16) == (16, "")  # before any rate: small, and nothing to say
-    fit.measured("a", update / (0.9 * FRAGMENTS_ABOVE * round_s))  # a whole update fits: no fragments
+    fit.heard("a", update / (0.9 * FRAGMENTS_ABOVE * round_s))  # a whole update fits: no fragments
     assert fit.parts(update, round_s, 16)[0] == 1
-    fit.measured("a", rate(6))  # 4 fragments would take 1.5x the bound, 8 take 0.75x
+    fit.heard("a", rate(6))  # 4 fragments would take 1.5x the bound, 8 take 0.75x
     parts, why = fit.parts(update, round_s, 16)
     assert parts == 8 and why.startswith(f"an update (100 kB) takes {6 * FRAGMENT_SHARE:.2f} rounds to move")
-    fit.measured("a", rate(3.8))  # 4 would fit (0.95x), but not with the margin: 8 stay
+    fit.heard("a", rate(3.8))  # 4 would fit (0.95x), but not with the margin: 8 stay
     assert 3.8 / 4 > FEWER_BELOW and fit.parts(update, round_s, 16)[0] == 8
-    fit.measured("a", rate(2.6))  # 4 fit well now (0.65x)
+    fit.heard("a", rate(2.6))  # 4 fit well now (0.65x)
     assert fit.parts(update, round_s, 16)[0] == 4
-    fit.measured("a", rate(6))
+    fit.heard("a", rate(6))
     assert fit.parts(update, round_s, 2)[0] == 2  # no more than the exchange allows
-    fit.measured("a", update / (0.4 * round_s))  # a whole update in 0.4 rounds: over the margin, fragments stay
+    fit.heard("a", update / (0.4 * round_s))  # a whole update in 0.4 rounds: over the margin, fragments stay
     assert fit.parts(update, round_s, 16)[0] == 4
-    fit.measured("a", update / (0.3 * round_s))  # under it: whole updates again
+    fit.heard("a", update / (0.3 * round_s))  # under it: whole updates again
     assert fit.parts(update, round_s, 16)[0] == 1
-    fit.measured("a", update / (0.45 * round_s))  # under FRAGMENTS_ABOVE: whole updates fit
+    fit.heard("a", update / (0.45 * round_s))  # under FRAGMENTS_ABOVE: whole updates fit
     assert fit.parts(update, round_s, 16)[0] == 1
+    for _ in range(RATE_MEMORY):  # nothing heard lately: the last choice stays, unsaid
+        fit.choose(1_000_000, round_s)
+    assert fit.uplink_rate() is None and fit.parts(update, round_s, 16) == (1, "")
+
+
+def test_fragments_follow_the_islands_own_uplink_not_the_partners_it_fetched_from():
+    """Two fast islands that once fetched from a slow one send each other whole updates: the
+    fragments follow what the partners measured of this island's uplink (`heard`)."""
+    fit, update, round_s = LinkFit(), 100_000, 4.0
+    fit.measured("slow", update / (8 * round_s))  # its fetches from a slow partner: an update in 8 rounds
+    assert fit.parts(update, round_s, 16) == (16, "")  # not what decides; nothing heard yet
+    fit.heard("fast", 1e8)  # a partner fetched from this island at 800 Mbit/s
+    assert fit.parts(update, round_s, 16)[0] == 1
+    fit.heard("slow", update / (8 * round_s))  # the slow partner fetches from it slowly (its downlink)
+    assert fit.parts(update, round_s, 16)[0] == 16
 
 
 def test_an_island_says_once_when_its_updates_go_in_fragments(caplog):
     from p2p_diloco.core.modes import exchange_mode
+    from p2p_diloco.discovery.records import IslandRecord
     from p2p_diloco.peers.fetchchoice import FetchChoice
 
-    fixed = FetchChoice(exchange_mode("fragments", "sign", 4), "i")
-    assert fixed.parts(100_000) == 4 and FetchChoice(exchange_mode("updates", "sign"), "i").parts(100_000) == 1
-    auto = FetchChoice(exchange_mode("auto", "sign"), "i")
+    fixed = FetchChoice(exchange_mode("fragments", "sign", 4), "i", "me")
+    assert fixed.parts(100_000, {}) == 4
+    assert FetchChoice(exchange_mode("updates", "sign"), "i", "me").parts(100_000, {}) == 1
+    auto = FetchChoice(exchange_mode("auto", "sign"), "i", "me")
     with caplog.at_level("WARNING"):
-        assert auto.parts(100_000) == 16 and not caplog.records and auto.describe() == ""
-    auto.landed("p", 100_000 / 8.0, 1_000_000)  # an update takes 8 s: 2 rounds of 4 s
+        assert auto.parts(100_000, {}) == 16 and not caplog.records and auto.describe() == ""
+    auto.landed("p", 100_000 / 8.0, 1_000_000)  # its own fetch from p: p's record will say it, not this one's
+    assert auto.measured_last == ("p", 100_000 / 8.0)
     auto.next(1_000_000, 4.0)
+    record = lambda peer, frm, bps: IslandRecord(peer_id=peer, endpoint="tcp://127.0.0.1:1", fetched_from=frm,  # noqa: E731
+                                                 fetched_bps=bps)
+    members = {"me": record("me", "p", 100_000 / 8.0), "q": record("q", "me", 100_000 / 8.0),  # q: an update takes 8 s
+               "r": record("r", "p", 1.0)}
     with caplog.at_level("WARNING"):
-        assert auto.parts(100_000) == 16 and auto.parts(100_000) == 16
+        assert auto.parts(100_000, members) == 16 and auto.parts(100_000, members) == 16
     said = [r.message for r in caplog.records if "sends its updates in" in r.message]
     assert said == ["i sends its updates in 16 fragments now: an update (100 kB) takes 2.00 rounds to move at "
-                    "0.10 Mbit/s (fragments above 0.5, each under 0.15)"]
+                    "0.10 Mbit/s, as its partners measured its uplink (fragments above 0.5, each under 0.15)"]
     assert auto.describe().endswith("; sends updates in 16 fragments")

@@ -30,14 +30,19 @@ def record(**kw) -> IslandRecord:
 
 
 def test_record_round_trips_through_dict_json_and_msgpack():
-    r = record(last_partner="fedcba9876543210fedc", eval_loss=2.75, bytes_sent=10, bytes_received=20)
+    r = record(last_partner="fedcba9876543210fedc", eval_loss=2.75, bytes_sent=10, bytes_received=20,
+               fetched_from="fedcba9876543210fedc", fetched_bps=1e6)
     assert IslandRecord.from_dict(r.to_dict()) == r
     assert IslandRecord.from_dict(json.loads(json.dumps(r.to_dict()))) == r
     assert IslandRecord.from_dict(msgpack.unpackb(msgpack.packb(r.to_dict()))) == r
     assert set(r.to_dict()) == {"peer_id", "endpoint", "version", "tokens", "tokens_per_s", "loss", "eval_loss", "state",
                                 "upload_bps", "download_bps", "bytes_sent", "bytes_received", "last_partner",
                                 "started_at", "published_at", "timestamp", "model", "refused", "last_refused", "alone", "fetches",
-                                "reach", "name"}
+                                "reach", "name", "fetched_from", "fetched_bps"}
+    older = {k: v for k, v in r.to_dict().items() if k not in ("fetched_from", "fetched_bps")}
+    assert IslandRecord.from_dict(older) == r.replace(fetched_from=None, fetched_bps=0.0)  # an older island's record
+    with pytest.raises(DiscoveryError, match="fetched_from"):
+        r.replace(fetched_from="not a peer id!")
 
 
 def test_integer_rates_become_floats_so_the_strict_dht_schema_accepts_them():
