@@ -48,7 +48,8 @@ class Link:
     """What an island measured of its partners' links, to say why it trains alone."""
 
     rate_bps: float | None
-    """Bytes per second its fetches got (the running one's so far when none completed; None: unknown)."""
+    """Bytes per second its fetches got (the running one's, between its chunks, when none completed;
+    None: unknown)."""
     state_bytes: int
     """Bytes of one whole state as this island publishes it (a partner's is the same size)."""
     round_s: float

@@ -3,6 +3,15 @@ updates, whichever fits the link the island measures (`core.linkfit`); with a fi
 same every time (updates whenever the island holds public states). And in how many fragments the
 island's own updates go (`parts`).
 
+An island's first fetch with `--exchange auto` (its *first contact*) asks for updates from the
+run's initial weights, which every island that started the run holds (a fragment or two; a joiner
+fetches the public state whole, as it would after a probe), not for the whole state: on a
+slow link a whole state's probe holds the partner's uplink for a chunk or more after it gives way
+(at 0.07 Mbit/s a 64 KiB chunk is 7 s, two rounds of the tiny preset), where the update lands
+within the round and, if its data flowed for `PROBE_SHARE` of a round, measures the link as a probe
+does. One too small to measure it (a fast link) measures nothing, and the next fetch probes with a
+whole state as before. Said nowhere: it is not a choice of what to fetch.
+
 `FetchChoice` is the part of the island's rounds (`peers.rounds`) that owns that choice: it is asked
 before each fetch, told what each fetch started and what each one measured, judges a running
 whole-state fetch (`give_way`), and says each change once, in the log and in the island's record.
@@ -44,6 +53,12 @@ class FetchChoice:
         self._measured = False
         """One of those measured the link."""
         self._round_s = 0.0
+        self._first = True
+        """The next fetch is the island's first contact (the module docstring)."""
+        self._contact: str | None = None
+        """The partner of the first-contact fetch, until it lands."""
+        self._landed: tuple[str, float, int] | None = None
+        """The first contact's partner, rate and bytes, until a round's length is known to judge them."""
         self.measured_last: tuple[str | None, float] = (None, 0.0)
         """The partner whose link a fetch measured last, and the rate (bytes per second): the
         island's record says it, and that partner reads it as its uplink's (`parts`)."""
@@ -53,7 +68,14 @@ class FetchChoice:
         chooser's own). With `--exchange auto` a change is said once."""
         if self.fit is None:
             return True, None
-        before, self._round_s = self.fit.fit, round_s
+        self._round_s = round_s
+        if self._landed is not None and round_s > 0:  # the first contact landed in the first round
+            (peer_id, rate, nbytes), self._landed = self._landed, None
+            if self._probes(rate, nbytes):
+                self._measured_from(peer_id, rate)
+        if (self._first or self._landed) and not self.fit.probed:
+            return True, True
+        before = self.fit.fit
         fit, changed = self.fit.choose(state_bytes, round_s)
         if changed:
             log.log(logging.INFO if before is None else logging.WARNING, "%s fetches %s now: %s", self.name,
@@ -76,6 +98,8 @@ class FetchChoice:
 
     def started(self, peer_id: str, updates: bool) -> None:
         self._running = (peer_id, updates)
+        if self._first and updates and self.fit is not None and not self.fit.probed:
+            self._first, self._contact = False, peer_id
 
     @property
     def judging(self) -> bool:
@@ -97,10 +121,18 @@ class FetchChoice:
 
     def landed(self, peer_id: str, rate_bps: float, nbytes: int) -> None:
         """A fetch from `peer_id` finished, at this rate (bytes per second), bringing `nbytes`."""
-        if self.fit is not None:
-            self._measured_from(peer_id, rate_bps)
-            if rate_bps > 0 and self._running == (peer_id, True) and nbytes / rate_bps >= PROBE_SHARE * self._round_s:
-                self._measured = True  # an update that took as long as a probe: it measured the link
+        if self.fit is None:
+            return
+        if self._contact == peer_id:  # the first contact measures the link only as a probe would
+            self._contact, self._landed = None, (peer_id, rate_bps, nbytes)
+            return
+        self._measured_from(peer_id, rate_bps)
+        if self._probes(rate_bps, nbytes) and self._running == (peer_id, True):
+            self._measured = True  # an update that took as long as a probe: it measured the link
+
+    def _probes(self, rate_bps: float, nbytes: int) -> bool:
+        """A fetch of `nbytes` at this rate had its data flow for `PROBE_SHARE` of a round."""
+        return rate_bps > 0 and self._round_s > 0 and nbytes / rate_bps >= PROBE_SHARE * self._round_s
 
     def _measured_from(self, peer_id: str, rate_bps: float) -> None:
         self.fit.measured(peer_id, rate_bps)

@@ -2,15 +2,15 @@
 
 `Rounds` is the part of `SwarmIsland` that owns the round's schedule: when to look for a partner,
 mixing what arrived (fetched or pushed, once `peers.checks` admitted it), when a round is over,
-the mixes of its end, and the final mix. The island (`peers.island`) holds its life: start,
-`step()`, the outer step's bookkeeping (publish, announce, metrics, checkpoints), close. Everything
-here runs inside `SwarmIsland.step()`, between two of the user's inner steps, and never waits on
-the network: the fetch runs on the gossip worker's thread.
+the mixes of its end, and the final mix. The island (`peers.island`) holds its life: start, `step()`,
+the outer step's bookkeeping (publish, announce, metrics, checkpoints), close. All of it runs inside
+`SwarmIsland.step()`, between two of the user's inner steps, and never waits on the network.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -390,8 +390,8 @@ class Rounds:
             info["pushed_in"] = rnd.pushed_in
         self.last_round_s = time.monotonic() - rnd.start
         self.finished += 1
-        running_s, received, *_ = self.gossip.progress() or (0.0, 0)
-        rate = self.chooser.measured_rate() or (received / running_s if received and running_s > 1 else None)
+        running_s, _, _, data_rate = self.gossip.progress() or (0.0, 0, 0.0, math.nan)
+        rate = self.chooser.measured_rate() or (data_rate if data_rate > 0 else None)  # (not a manifest's bytes)
         link = Link(rate, self.publisher.state_bytes, time.monotonic() - rnd.start, running_s,
                     updates=self.publisher.exchange.updates)
         others = len(self._others_training())

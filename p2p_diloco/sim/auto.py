@@ -3,13 +3,15 @@ whole state and its public state's updates, and each fetch takes whichever fits 
 island measured (`core.linkfit.LinkFit`, the choice the swarm's islands make, `peers.rounds`):
 whole states from the round's permutation partner, updates from the ring successor.
 
-As in the swarm, an island starts with whole states; a whole-state fetch that will not fit the
-link gives way once its data has flowed for the probe (`LinkFit.give_way`): the island then knows
-the link's rate, and fetches updates from its ring successor at once. An island measures a link
-when a fetch over it lands (or gives way): the simulated link's rate, where the swarm's islands
-estimate it between the fetch's chunks (`exchange.client.FetchStats.data_bytes_per_s`). Each
-island's updates go in as many fragments as its uplink calls for, as the islands that fetched from
-it measured it (`LinkFit.parts`); `fetches` counts its updates by their fragments (`updates_in_<F>`).
+As in the swarm, an island's first fetch (its first contact, `peers.fetchchoice`) takes updates from
+its ring successor, and measures the link only if its data flowed for the probe's share of a round;
+then it fetches whole states until one measures the link: a whole-state fetch that will not fit
+the link gives way once its data has flowed for the probe (`LinkFit.give_way`), and the island
+fetches updates from its ring successor at once. An island measures a link when a fetch over it
+lands (or gives way): the simulated link's rate, where the swarm's islands estimate it between the
+fetch's chunks (`exchange.client.FetchStats.data_bytes_per_s`). Each island's updates go in as many
+fragments as its uplink calls for, as the islands that fetched from it measured it
+(`LinkFit.parts`); `fetches` counts its updates by their fragments (`updates_in_<F>`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ class AutoGossipRun(UpdatesGossipRun):
         """What each island's current (or next) fetch takes."""
         self.source: list[int | None] = [None] * K
         """The partner of each island's running fetch."""
+        self.first = [True] * K
+        """Each island's next fetch is its first contact."""
+        self.contact: list[int | None] = [None] * K
+        """The bytes of each island's first-contact fetch, until it lands."""
         self.fetches = {"state": 0, "updates": 0, "gave_way": 0}
         self.changes = 0
         """Times an island changed what it fetches (the first choice not counted)."""
@@ -51,6 +57,9 @@ class AutoGossipRun(UpdatesGossipRun):
         return super()._choose(i, t, final)
 
     def _ring(self, i: int) -> bool:
+        if self.first[i] and not self.fits[i].probed:
+            self.takes_updates[i] = True
+            return True
         fit, changed = self.fits[i].choose(self.s.fetch_bytes(self.published[i]), self._round_s(i))
         self.changes += changed and self.fits[i].rate() is not None
         self.takes_updates[i] = fit.updates
@@ -78,12 +87,17 @@ class AutoGossipRun(UpdatesGossipRun):
         self.source[i] = j
         self.fetches["updates" if self.takes_updates[i] else "state"] += 1
         if self.takes_updates[i]:
-            return super()._fetch(i, j)
+            partner, nbytes = super()._fetch(i, j)
+            if self.first[i]:
+                self.first[i], self.contact[i] = False, nbytes
+            return partner, nbytes
         self.fetched[i] = None
         return GossipRun._fetch(self, i, j)
 
     def _arrived(self, i: int, partner: PartnerState) -> PartnerState:
-        if (j := self.source[i]) is not None:
+        contact, self.contact[i] = self.contact[i], None  # a first contact measures only what a probe would
+        if (j := self.source[i]) is not None and (contact is None or
+                                                  contact / self._rate(i, j) >= PROBE_SHARE * self._round_s(i)):
             self._measured(i, j, self._rate(i, j))
         return partner if self.fetched[i] is None else super()._arrived(i, partner)
 

@@ -82,7 +82,11 @@ def test_an_islands_fetch_choice_gives_way_once_and_says_what_it_fetches(caplog)
     assert fixed.next(1_000_000, 4.0) == (True, None) and fixed.describe() == ""
     assert not fixed.give_way((1.0, 10, 1.0, 1.0), 1_000_000, 4.0)
     auto, state, round_s = FetchChoice(exchange_mode("auto", "sign"), "i", "me"), 1_000_000, 4.0
+    assert auto.next(state, round_s) == (True, True) and auto.describe() == ""  # the first contact: updates
+    auto.started("q", True)
+    auto.landed("q", 1e9, 10_000)  # too small to measure a link (10 us of data): it measures nothing
     assert auto.next(state, round_s) == (False, False) and auto.describe().startswith("state: no link measured")
+    assert auto.fit.rate() is None and auto.measured_last == (None, 0.0)
     auto.started("p", False)
     slow = (1.0, 25_000, 1.0, 25_000.0)  # 25 kB/s: the rest takes 39 s, ~10 rounds
     caplog.clear()  # (what was said before, where an earlier test left the logger at INFO)
@@ -92,6 +96,21 @@ def test_an_islands_fetch_choice_gives_way_once_and_says_what_it_fetches(caplog)
     said = [r.getMessage() for r in caplog.records if "fetches" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("i fetches public-state updates now: a whole state (1.00 MB) takes 10.000")
     assert auto.describe().startswith("updates: a whole state (1.00 MB) takes 10.000 rounds")
+
+
+def test_a_first_contact_that_took_as_long_as_a_probe_measures_a_slow_link_and_spares_the_probe():
+    from p2p_diloco.core.modes import exchange_mode
+    from p2p_diloco.peers.fetchchoice import FetchChoice
+
+    auto, state, round_s = FetchChoice(exchange_mode("auto", "sign"), "i", "me"), 1_000_000, 4.0
+    assert auto.next(state, 0.0) == (True, True)  # in the first round: no round's length known yet
+    auto.started("p", True)
+    auto.landed("p", 10_000.0, 8_000)  # 0.8 s of data at 0.08 Mbit/s: a fifth of a round, once one is known
+    assert auto.next(state, 0.0) == (True, True) and auto.measured_last == (None, 0.0)  # not judged yet
+    assert auto.next(state, round_s) == (True, True) and auto.measured_last == ("p", 10_000.0)
+    assert auto.describe().startswith("updates: a whole state (1.00 MB) takes 25.000 rounds")
+    fixed = FetchChoice(exchange_mode("state", "sign"), "i", "me")
+    assert fixed.next(state, round_s) == (True, None)  # (a fixed exchange has no first contact to make)
 
 
 def test_on_updates_an_island_asks_for_a_whole_state_now_and_then_and_goes_back_if_it_fits(caplog):
