@@ -78,8 +78,9 @@ class FetchChoice:
         before = self.fit.fit
         fit, changed = self.fit.choose(state_bytes, round_s)
         if changed:
-            log.log(logging.INFO if before is None else logging.WARNING, "%s fetches %s now: %s", self.name,
-                    "public-state updates" if fit.updates else "whole states", fit.reason)
+            level = logging.INFO if before is None and not fit.updates else logging.WARNING  # (a slow link: said)
+            log.log(level, "%s fetches %s now: %s", self.name, "public-state updates" if fit.updates else "whole states",
+                    fit.reason)
         self._on_updates = self._on_updates + 1 if fit.updates else 0
         if self._on_updates > REPROBE_EVERY:
             self._on_updates, measured, self._measured = 0, self._measured, False
@@ -98,8 +99,8 @@ class FetchChoice:
 
     def started(self, peer_id: str, updates: bool) -> None:
         self._running = (peer_id, updates)
-        if self._first and updates and self.fit is not None and not self.fit.probed:
-            self._first, self._contact = False, peer_id
+        contact = self._first and updates and self.fit is not None and not self.fit.probed
+        self._first, self._contact = self._first and not contact, peer_id if contact else None
 
     @property
     def judging(self) -> bool:

@@ -204,8 +204,9 @@ def test_islands_that_exchange_public_state_updates_learn_on_a_fraction_of_the_b
 
 def test_auto_fetches_whole_states_on_a_fast_link_and_updates_on_a_slow_one(procs, tmp_path):
     """`--exchange auto`: on loopback fetches take the whole state; at an emulated 1 Mbit/s a
-    whole state (~180 kB, 1.5 s) takes several rounds, so the first one gives way after its probe and
-    every later fetch takes updates (~20 kB), said once, with why, in the log. (The slow islands' rounds
+    whole state (~180 kB, 1.5 s) takes several rounds, so the first one gives way after its probe (or
+    the first contact's update already measured the link) and every later fetch takes updates
+    (~20 kB), said once, with why, in the log. (The slow islands' rounds
     are ~0.3 s, -H 25, so that an update fits one: at -H 10, ~0.1 s, updates pile up faster than the
     link moves them, every fetch lands 10-20 rounds old, and the two refuse each other early on.)"""
     _, entry = start_bootstrap(procs, tmp_path)
@@ -222,11 +223,12 @@ def test_auto_fetches_whole_states_on_a_fast_link_and_updates_on_a_slow_one(proc
         isl.signal(signal.SIGTERM)
     for isl in fast:
         s = isl.summary(60, expect=143)
-        # (on a loaded machine a partner starved of CPU can serve one fetch slowly enough to give way; at most
-        # REPROBE_EVERY fetches later a whole state measures the link again and the island goes back, saying so)
+        # (its first fetch, the first contact, takes updates; on a loaded machine a partner starved of CPU can
+        # serve one fetch slowly enough to give way; at most REPROBE_EVERY fetches later a whole state
+        # measures the link again and the island goes back, saying so)
         log = isl.tail(100_000)
         switched = log.count("fetches public-state updates now")
-        assert s["fetched"]["state"] >= 3 and s["fetched"]["updates"] <= REPROBE_EVERY * switched, s
+        assert s["fetched"]["state"] >= 3 and s["fetched"]["updates"] <= 1 + REPROBE_EVERY * switched, s
         assert s["mixes"] >= 3, s
         assert switched == log.count("fetches whole states now"), log[-3000:]
     for isl in slow:
@@ -240,7 +242,6 @@ def test_auto_fetches_whole_states_on_a_fast_link_and_updates_on_a_slow_one(proc
         log = isl.tail(100_000)
         said = re.findall(r"fetches public-state updates now: a whole state \(0\.\d+ MB\) takes ([\d.]+) rounds", log)
         assert len(said) == 1 + log.count("fetches whole states now") and min(map(float, said)) > UPDATES_ABOVE, said
-    assert any("gave_way" in r for isl in slow for r in isl.rounds())  # a whole state was given up for updates
 
 
 def test_a_hostile_member_publishing_nan_is_refused_and_the_honest_ones_train_on(procs, tmp_path):

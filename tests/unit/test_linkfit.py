@@ -98,7 +98,7 @@ def test_an_islands_fetch_choice_gives_way_once_and_says_what_it_fetches(caplog)
     assert auto.describe().startswith("updates: a whole state (1.00 MB) takes 10.000 rounds")
 
 
-def test_a_first_contact_that_took_as_long_as_a_probe_measures_a_slow_link_and_spares_the_probe():
+def test_a_first_contact_that_took_as_long_as_a_probe_measures_a_slow_link_and_spares_the_probe(caplog):
     from p2p_diloco.core.modes import exchange_mode
     from p2p_diloco.peers.fetchchoice import FetchChoice
 
@@ -107,7 +107,9 @@ def test_a_first_contact_that_took_as_long_as_a_probe_measures_a_slow_link_and_s
     auto.started("p", True)
     auto.landed("p", 10_000.0, 8_000)  # 0.8 s of data at 0.08 Mbit/s: a fifth of a round, once one is known
     assert auto.next(state, 0.0) == (True, True) and auto.measured_last == (None, 0.0)  # not judged yet
-    assert auto.next(state, round_s) == (True, True) and auto.measured_last == ("p", 10_000.0)
+    with caplog.at_level("WARNING"):  # the first choice, of a slow link: said as a change is
+        assert auto.next(state, round_s) == (True, True) and auto.measured_last == ("p", 10_000.0)
+    assert [r.message[:37] for r in caplog.records] == ["i fetches public-state updates now: a"]
     assert auto.describe().startswith("updates: a whole state (1.00 MB) takes 25.000 rounds")
     fixed = FetchChoice(exchange_mode("state", "sign"), "i", "me")
     assert fixed.next(state, round_s) == (True, None)  # (a fixed exchange has no first contact to make)
