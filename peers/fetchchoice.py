@@ -4,8 +4,9 @@ same every time (updates whenever the island holds public states). And in how ma
 island's own updates go (`parts`).
 
 An island's first fetch with `--exchange auto` (its *first contact*) asks for updates from the
-run's initial weights, which every island that started the run holds (a fragment or two; a joiner
-fetches the public state whole, as it would after a probe), not for the whole state: on a
+run's initial weights, which every island that started the run holds (a fragment or two; only in
+the first `FIRST_CONTACT_WITHIN` versions of a run the island started: a joiner's or a resumed
+island's first fetch probes with a whole state), not for the whole state: on a
 slow link a whole state's probe holds the partner's uplink for a chunk or more after it gives way
 (at 0.07 Mbit/s a 64 KiB chunk is 7 s, two rounds of the tiny preset), where the update lands
 within the round and, if its data flowed for `PROBE_SHARE` of a round, measures the link as a probe
@@ -20,7 +21,7 @@ whole-state fetch (`give_way`), and says each change once, in the log and in the
 from __future__ import annotations
 
 import logging
-from typing import Mapping
+from typing import Callable, Mapping
 
 from p2p_diloco.core.linkfit import PROBE_SHARE, LinkFit
 from p2p_diloco.core.modes import Exchange
@@ -42,8 +43,10 @@ what it models, so it does not probe."""
 class FetchChoice:
     """See the module docstring."""
 
-    def __init__(self, exchange: Exchange, name: str, peer_id: str) -> None:
-        self.name, self.exchange, self.peer_id = name, exchange, peer_id
+    def __init__(self, exchange: Exchange, name: str, peer_id: str,
+                 at_start: Callable[[], bool] = lambda: True) -> None:
+        """`at_start`: whether the island may make its first contact now (`Publisher.at_start`)."""
+        self.name, self.exchange, self.peer_id, self._at_start = name, exchange, peer_id, at_start
         self.fit = LinkFit() if exchange.adaptive else None
         self._parts = 1
         self._running: tuple[str, bool] | None = None
@@ -73,7 +76,7 @@ class FetchChoice:
             (peer_id, rate, nbytes), self._landed = self._landed, None
             if self._probes(rate, nbytes):
                 self._measured_from(peer_id, rate)
-        if (self._first or self._landed) and not self.fit.probed:
+        if (self._first and self._at_start() or self._landed) and not self.fit.probed:
             return True, True
         before = self.fit.fit
         fit, changed = self.fit.choose(state_bytes, round_s)
@@ -99,7 +102,7 @@ class FetchChoice:
 
     def started(self, peer_id: str, updates: bool) -> None:
         self._running = (peer_id, updates)
-        contact = self._first and updates and self.fit is not None and not self.fit.probed
+        contact = self._first and updates and self.fit is not None and not self.fit.probed and self._at_start()
         self._first, self._contact = self._first and not contact, peer_id if contact else None
 
     @property

@@ -22,6 +22,7 @@ import torch
 from p2p_diloco.core import codecs
 from p2p_diloco.core.device import pinned_buffer, to_host
 from p2p_diloco.core.island import OuterLoop
+from p2p_diloco.core.linkfit import FIRST_CONTACT_WITHIN
 from p2p_diloco.core.modes import Exchange
 from p2p_diloco.core.params import weights_digest
 from p2p_diloco.core.public import PublicCopies, PublicCopy, PublicState
@@ -104,6 +105,16 @@ class Publisher:
         """After the anchor jumped (a catch-up adopted another state): the next publish starts a new
         chain there, instead of sending a jump a low-bit update would take many rounds to carry."""
         self.public = None
+
+    def at_start(self) -> bool:
+        """Whether the island is in the first `FIRST_CONTACT_WITHIN` versions of a run it started at
+        the initial weights (before its first publish: at version 0), where its partners' public
+        states are young chains from them: what `auto`'s first contact needs (`peers.fetchchoice`).
+        A joiner or a resumed island starts its chain elsewhere."""
+        p = self.public
+        if p is None:
+            return self.outer.state.version == 0
+        return p.from_init and p.version <= FIRST_CONTACT_WITHIN
 
     @property
     def update_bytes(self) -> int:

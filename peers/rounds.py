@@ -110,7 +110,7 @@ class Rounds:
         self.rnd = Round.begin(island.same_version_wait, 0.0)
         self.changed = False
         """The weights changed outside an inner step (a mix, a catch-up): torchrun ranks must sync."""
-        self.choice = FetchChoice(publisher.exchange, identity.name, identity.peer_id)
+        self.choice = FetchChoice(publisher.exchange, identity.name, identity.peer_id, publisher.at_start)
         """What each fetch asks for (`--exchange auto`: whole states or updates, from the link)."""
         self.last_round_s = 0.0
         """How long the previous round took, start to end."""

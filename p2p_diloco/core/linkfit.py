@@ -41,6 +41,10 @@ PROBE_SHARE = 0.05
 """A running whole-state fetch is judged once its data has flowed for this share of a round."""
 RATE_MEMORY = 16
 """A partner's rate counts for this many fetch choices after it was measured."""
+FIRST_CONTACT_WITHIN = 8
+"""An island's first fetch takes updates (its first contact, `peers.fetchchoice`) only within this many
+versions of a run it started at the initial weights: later, or for a joiner, a partner's public state
+is a long chain or lags its anchor far, and the island probes with a whole state."""
 FRAGMENTS_ABOVE = 0.5
 """An update that would take more than this share of a round goes in fragments (BENCHMARKS.md, "Fragments")."""
 FRAGMENT_SHARE = 0.15

@@ -113,6 +113,8 @@ def test_a_first_contact_that_took_as_long_as_a_probe_measures_a_slow_link_and_s
     assert auto.describe().startswith("updates: a whole state (1.00 MB) takes 25.000 rounds")
     fixed = FetchChoice(exchange_mode("state", "sign"), "i", "me")
     assert fixed.next(state, round_s) == (True, None)  # (a fixed exchange has no first contact to make)
+    joiner = FetchChoice(exchange_mode("auto", "sign"), "i", "me", at_start=lambda: False)
+    assert joiner.next(state, round_s) == (False, False)  # past a run's start, or a joiner: a whole state probes
 
 
 def test_on_updates_an_island_asks_for_a_whole_state_now_and_then_and_goes_back_if_it_fits(caplog):
