@@ -9,8 +9,8 @@ the first `FIRST_CONTACT_WITHIN` versions of a run the island started: a joiner'
 island's first fetch probes with a whole state), not for the whole state: on a
 slow link a whole state's probe holds the partner's uplink for a chunk or more after it gives way
 (at 0.07 Mbit/s a 64 KiB chunk is 7 s, two rounds of the tiny preset), where the update lands
-within the round and, if its data flowed for `PROBE_SHARE` of a round, measures the link as a probe
-does. One too small to measure it (a fast link) measures nothing, and the next fetch probes with a
+within the round and, if its data flowed for `PROBE_SHARE` of a round (and `FIRST_CONTACT_MIN_S`),
+measures the link as a probe does. One too small to measure it (a fast link) measures nothing, and the next fetch probes with a
 whole state as before. Said nowhere: it is not a choice of what to fetch.
 
 `FetchChoice` is the part of the island's rounds (`peers.rounds`) that owns that choice: it is asked
@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Mapping
 
-from p2p_diloco.core.linkfit import PROBE_SHARE, LinkFit
+from p2p_diloco.core.linkfit import FIRST_CONTACT_MIN_S, PROBE_SHARE, LinkFit
 from p2p_diloco.core.modes import Exchange
 from p2p_diloco.discovery.records import IslandRecord
 
@@ -74,7 +74,7 @@ class FetchChoice:
         self._round_s = round_s
         if self._landed is not None and round_s > 0:  # the first contact landed in the first round
             (peer_id, rate, nbytes), self._landed = self._landed, None
-            if self._probes(rate, nbytes):
+            if self._probes(rate, nbytes) and nbytes / rate >= FIRST_CONTACT_MIN_S:
                 self._measured_from(peer_id, rate)
         if (self._first and self._at_start() or self._landed) and not self.fit.probed:
             return True, True
@@ -82,8 +82,8 @@ class FetchChoice:
         fit, changed = self.fit.choose(state_bytes, round_s)
         if changed:
             level = logging.INFO if before is None and not fit.updates else logging.WARNING  # (a slow link: said)
-            log.log(level, "%s fetches %s now: %s", self.name, "public-state updates" if fit.updates else "whole states",
-                    fit.reason)
+            what = "public-state updates" if fit.updates else "whole states"
+            log.log(level, "%s fetches %s now: %s", self.name, what, fit.reason)
         self._on_updates = self._on_updates + 1 if fit.updates else 0
         if self._on_updates > REPROBE_EVERY:
             self._on_updates, measured, self._measured = 0, self._measured, False

@@ -45,6 +45,10 @@ FIRST_CONTACT_WITHIN = 8
 """An island's first fetch takes updates (its first contact, `peers.fetchchoice`) only within this many
 versions of a run it started at the initial weights: later, or for a joiner, a partner's public state
 is a long chain or lags its anchor far, and the island probes with a whole state."""
+FIRST_CONTACT_MIN_S = 0.1
+"""... and measures a link only where its data flowed for at least this long (as well as for
+`PROBE_SHARE` of a round): a few kB take milliseconds on loopback, where a loaded machine's
+scheduling alone makes a short round's twentieth look like a slow link."""
 FRAGMENTS_ABOVE = 0.5
 """An update that would take more than this share of a round goes in fragments (BENCHMARKS.md, "Fragments")."""
 FRAGMENT_SHARE = 0.15

@@ -240,8 +240,10 @@ def test_an_island_says_once_when_its_updates_go_in_fragments(caplog):
     auto.landed("p", 100_000 / 8.0, 1_000_000)  # its own fetch from p: p's record will say it, not this one's
     assert auto.measured_last == ("p", 100_000 / 8.0)
     auto.next(1_000_000, 4.0)
-    record = lambda peer, frm, bps: IslandRecord(peer_id=peer, endpoint="tcp://127.0.0.1:1", fetched_from=frm,  # noqa: E731
-                                                 fetched_bps=bps)
+
+    def record(peer: str, frm: str, bps: float) -> IslandRecord:
+        return IslandRecord(peer_id=peer, endpoint="tcp://127.0.0.1:1", fetched_from=frm, fetched_bps=bps)
+
     members = {"me": record("me", "p", 100_000 / 8.0), "q": record("q", "me", 100_000 / 8.0),  # q: an update takes 8 s
                "r": record("r", "p", 1.0)}
     with caplog.at_level("WARNING"):
