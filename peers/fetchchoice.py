@@ -10,8 +10,9 @@ island's first fetch probes with a whole state), not for the whole state: on a
 slow link a whole state's probe holds the partner's uplink for a chunk or more after it gives way
 (at 0.07 Mbit/s a 64 KiB chunk is 7 s, two rounds of the tiny preset), where the update lands
 within the round and, if its data flowed for `PROBE_SHARE` of a round (and `FIRST_CONTACT_MIN_S`),
-measures the link as a probe does. One too small to measure it (a fast link) measures nothing, and the next fetch probes with a
-whole state as before. Said nowhere: it is not a choice of what to fetch.
+measures the link as a probe does. One too small to measure it (a fast link) measures nothing, and
+the next fetch probes with a whole state as before. Said nowhere: it is not a choice of what to
+fetch.
 
 `FetchChoice` is the part of the island's rounds (`peers.rounds`) that owns that choice: it is asked
 before each fetch, told what each fetch started and what each one measured, judges a running
@@ -72,7 +73,7 @@ class FetchChoice:
         if self.fit is None:
             return True, None
         self._round_s = round_s
-        if self._landed is not None and round_s > 0:  # the first contact landed in the first round
+        if self._landed is not None and round_s > 0:  # the first contact landed: judged now a round's length is known
             (peer_id, rate, nbytes), self._landed = self._landed, None
             if self._probes(rate, nbytes) and nbytes / rate >= FIRST_CONTACT_MIN_S:
                 self._measured_from(peer_id, rate)
