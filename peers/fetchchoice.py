@@ -9,8 +9,8 @@ the first `FIRST_CONTACT_WITHIN` versions of a run the island started: a joiner'
 island's first fetch probes with a whole state), not for the whole state: on a
 slow link a whole state's probe holds the partner's uplink for a chunk or more after it gives way
 (at 0.07 Mbit/s a 64 KiB chunk is 7 s, two rounds of the tiny preset), where the update lands
-within the round and, if its data flowed for `PROBE_SHARE` of a round (and `FIRST_CONTACT_MIN_S`),
-measures the link as a probe does. One too small to measure it (a fast link) measures nothing, and
+within the round and, if its data flowed long enough (`LinkFit.contact_measures`), measures the
+link as a probe does. One too small to measure it (a fast link) measures nothing, and
 the next fetch probes with a whole state as before. Said nowhere: it is not a choice of what to
 fetch.
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Mapping
 
-from p2p_diloco.core.linkfit import FIRST_CONTACT_MIN_S, PROBE_SHARE, LinkFit
+from p2p_diloco.core.linkfit import PROBE_SHARE, LinkFit
 from p2p_diloco.core.modes import Exchange
 from p2p_diloco.discovery.records import IslandRecord
 
@@ -75,7 +75,7 @@ class FetchChoice:
         self._round_s = round_s
         if self._landed is not None and round_s > 0:  # the first contact landed: judged now a round's length is known
             (peer_id, rate, nbytes), self._landed = self._landed, None
-            if self._probes(rate, nbytes) and nbytes / rate >= FIRST_CONTACT_MIN_S:
+            if LinkFit.contact_measures(nbytes, rate, round_s):
                 self._measured_from(peer_id, rate)
         if (self._first and self._at_start() or self._landed) and not self.fit.probed:
             return True, True
@@ -132,12 +132,8 @@ class FetchChoice:
             self._contact, self._landed = None, (peer_id, rate_bps, nbytes)
             return
         self._measured_from(peer_id, rate_bps)
-        if self._probes(rate_bps, nbytes) and self._running == (peer_id, True):
+        if rate_bps > 0 and self._running == (peer_id, True) and nbytes / rate_bps >= PROBE_SHARE * self._round_s:
             self._measured = True  # an update that took as long as a probe: it measured the link
-
-    def _probes(self, rate_bps: float, nbytes: int) -> bool:
-        """A fetch of `nbytes` at this rate had its data flow for `PROBE_SHARE` of a round."""
-        return rate_bps > 0 and self._round_s > 0 and nbytes / rate_bps >= PROBE_SHARE * self._round_s
 
     def _measured_from(self, peer_id: str, rate_bps: float) -> None:
         self.fit.measured(peer_id, rate_bps)

@@ -159,6 +159,12 @@ class LinkFit:
                       f"above {FRAGMENTS_ABOVE:g}, each under {FRAGMENT_SHARE:g})")
 
     @staticmethod
+    def contact_measures(nbytes: int, rate_bps: float, round_s: float) -> bool:
+        """Whether a first contact of `nbytes` that showed `rate_bps` measured the link: its data flowed
+        for `PROBE_SHARE` of a round and for `FIRST_CONTACT_MIN_S` (`peers.fetchchoice`)."""
+        return rate_bps > 0 and round_s > 0 and nbytes / rate_bps >= max(PROBE_SHARE * round_s, FIRST_CONTACT_MIN_S)
+
+    @staticmethod
     def give_way(data_s: float, rate_bps: float, received: int, state_bytes: int, round_s: float) -> bool:
         """Whether a running whole-state fetch should give way to updates: one whose data has flowed
         for `data_s` seconds at `rate_bps` (NaN: not measured yet) and brought `received` bytes,

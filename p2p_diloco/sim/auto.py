@@ -17,7 +17,7 @@ fragments as its uplink calls for, as the islands that fetched from it measured 
 from __future__ import annotations
 
 from p2p_diloco.core.codecs import encoded_nbytes
-from p2p_diloco.core.linkfit import FIRST_CONTACT_MIN_S, FIRST_CONTACT_WITHIN, PROBE_SHARE, LinkFit
+from p2p_diloco.core.linkfit import FIRST_CONTACT_WITHIN, PROBE_SHARE, LinkFit
 from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.core.schedule import ring_successor
 from p2p_diloco.sim.gossip import GossipRun
@@ -96,8 +96,8 @@ class AutoGossipRun(UpdatesGossipRun):
 
     def _arrived(self, i: int, partner: PartnerState) -> PartnerState:
         contact, self.contact[i] = self.contact[i], None  # a first contact measures only what a probe would
-        if (j := self.source[i]) is not None and (contact is None or contact / self._rate(i, j) >=
-                                                  max(PROBE_SHARE * self._round_s(i), FIRST_CONTACT_MIN_S)):
+        if (j := self.source[i]) is not None and (
+                contact is None or LinkFit.contact_measures(contact, self._rate(i, j), self._round_s(i))):
             self._measured(i, j, self._rate(i, j))
         return partner if self.fetched[i] is None else super()._arrived(i, partner)
 
