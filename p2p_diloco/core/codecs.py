@@ -15,8 +15,10 @@ eight to a byte from the low bit, with the block's mean |x| as its scale; value 
 
 from __future__ import annotations
 
+import functools
 import math
 
+import numpy as np
 import torch
 
 from p2p_diloco.config import WIRE_CODECS
@@ -63,12 +65,39 @@ def encode(x: torch.Tensor, codec: str) -> torch.Tensor:
         if x.numel() and x.abs().max().item() > torch.finfo(torch.float16).max:
             raise CodecError("value out of fp16 range; use bf16 or int8 for this state")
         return x.to(torch.float16).view(torch.uint8)
-    if codec == "sign":
-        return _encode_sign(x)
-    n_blocks = math.ceil(x.numel() / INT8_BLOCK)
     out = torch.empty(encoded_nbytes(x.numel(), codec), dtype=torch.uint8)
-    _encode_blocks(x, codec, out[: 4 * n_blocks].view(torch.float32), out[4 * n_blocks:])
+    _encode_chunks(out, x, codec, ENCODE_CHUNK)
     return out
+
+
+ENCODE_CHUNK = INT8_BLOCK * 8 * 512
+"""Values the block codecs encode at a time: their temporaries stay a few MiB, where whole-state ones
+(an fp32 copy for the padding, the codes before packing) cost more in fresh pages than in arithmetic."""
+
+
+def encode_difference(x: torch.Tensor, minus: torch.Tensor, codec: str) -> torch.Tensor:
+    """`encode(x - minus, codec)` for flat fp32 tensors; the block codecs without the difference's
+    whole-state temporary (taken a chunk at a time)."""
+    if codec not in BLOCK_CODECS or x.shape != minus.shape:
+        return encode(x - minus, codec)
+    out = torch.empty(encoded_nbytes(x.numel(), codec), dtype=torch.uint8)
+    _encode_chunks(out, x.detach(), codec, ENCODE_CHUNK, minus.detach())
+    return out
+
+
+def _encode_chunks(dst: torch.Tensor, flat: torch.Tensor, codec: str, chunk: int,
+                   minus: torch.Tensor | None = None) -> None:
+    """A block codec's encoding of the flat fp32 `flat` (less `minus`) into `dst`, `chunk` values (a
+    multiple of `INT8_BLOCK`) at a time: each chunk's scales and codes go to their places in `dst`."""
+    n, per_byte = flat.numel(), PER_BYTE[codec]
+    n_blocks = math.ceil(n / INT8_BLOCK)
+    scales, codes = dst[: 4 * n_blocks].view(torch.float32), dst[4 * n_blocks:]
+    encode_chunk = _encode_signs if codec == "sign" else functools.partial(_encode_blocks, codec=codec)
+    for i in range(0, n, chunk):
+        j = min(i + chunk, n)
+        part = flat[i:j].contiguous() if minus is None else flat[i:j] - minus[i:j]
+        encode_chunk(part, scales_out=scales[i // INT8_BLOCK: math.ceil(j / INT8_BLOCK)],
+                     codes_out=codes[i // per_byte: math.ceil(j / per_byte)])
 
 
 def _encode_blocks(x: torch.Tensor, codec: str, scales_out: torch.Tensor, codes_out: torch.Tensor) -> None:
@@ -89,48 +118,27 @@ def _encode_blocks(x: torch.Tensor, codec: str, scales_out: torch.Tensor, codes_
     if codec == "int8":
         codes_out.view(torch.int8).copy_(codes.view(-1)[:n])
         return
-    nibbles = codes.view(-1)[: n + n % 2].add_(8).to(torch.uint8)  # 1..15 (the pad nibble of an odd count: 8)
-    torch.bitwise_or(nibbles[0::2], nibbles[1::2] << 4, out=codes_out)
+    pairs = codes.view(-1)[: n + n % 2].add_(8).to(torch.uint8).view(torch.int16)  # 1..15 (an odd count's pad: 8)
+    # each pair's two bytes as one little-endian int16: its low nibble, and the high byte's nibble above it
+    codes_out.copy_(pairs.bitwise_and(0xF).bitwise_or_(pairs.bitwise_right_shift(4).bitwise_and_(0xF0)))
 
 
-SIGN_CHUNK = INT8_BLOCK * 8 * 512
-"""Values `sign` encodes at a time: its temporaries stay a few MiB, where whole-state ones (an fp32
-copy for the padding, another for the magnitudes) cost more in fresh pages than in arithmetic."""
-_SHIFTS = torch.arange(8, dtype=torch.uint8)
-
-
-def encode_difference(x: torch.Tensor, minus: torch.Tensor, codec: str) -> torch.Tensor:
-    """`encode(x - minus, codec)` for flat fp32 tensors; `sign` without the difference's whole-state
-    temporary (computed a chunk at a time)."""
-    if codec == "sign" and x.shape == minus.shape:
-        return _encode_sign(x.detach(), minus.detach())
-    return encode(x - minus, codec)
-
-
-def _encode_sign(x: torch.Tensor, minus: torch.Tensor | None = None) -> torch.Tensor:
-    """`sign` of `x` (less `minus`): per block of `INT8_BLOCK` its mean magnitude (fp32), then a bit
-    per value, 1 for x >= 0 (low bit first; the padding of the last byte is 1s), a chunk at a time."""
-    n, block = x.numel(), INT8_BLOCK
-    n_blocks = math.ceil(n / block)
-    out = torch.empty(4 * n_blocks + -(-n // 8), dtype=torch.uint8)
-    scales, packed = out[: 4 * n_blocks].view(torch.float32), out[4 * n_blocks:]
-    for start in range(0, n, SIGN_CHUNK):
-        chunk = x[start:start + SIGN_CHUNK]
-        if minus is not None:
-            chunk = chunk - minus[start:start + SIGN_CHUNK]
-        m, first = chunk.numel(), start // block
-        full = m // block * block
-        if full:
-            scales[first:first + full // block] = chunk[:full].view(-1, block).abs().sum(dim=1) / float(block)
-        if full < m:  # the last block, partial: summed as a zero-padded row, as a whole block is
-            row = torch.zeros(1, block)
-            row[0, :m - full] = chunk[full:]
-            scales[first + full // block:] = row.abs().sum(dim=1) / torch.tensor([float(m - full)])
-        bits = (chunk >= 0).to(torch.uint8)
-        if m % 8:
-            bits = torch.cat([bits, torch.ones(8 - m % 8, dtype=torch.uint8)])
-        packed[start // 8:start // 8 + bits.numel() // 8] = (bits.view(-1, 8) << _SHIFTS).sum(dim=1, dtype=torch.uint8)
-    return out
+def _encode_signs(x: torch.Tensor, scales_out: torch.Tensor, codes_out: torch.Tensor) -> None:
+    """`sign` of the flat fp32 `x`: per block of `INT8_BLOCK` its mean magnitude into `scales_out`, then a
+    bit per value into `codes_out`, 1 for x >= 0 (low bit first; the padding of the last byte is 1s, as
+    the zeros of a padded block would give). The bits are numpy's: its comparison and `packbits` take a
+    tenth of torch's comparison and shifts."""
+    m, block = x.numel(), INT8_BLOCK
+    full = m // block * block
+    if full:
+        torch.sum(x[:full].view(-1, block).abs(), dim=1, out=scales_out[:full // block]).div_(float(block))
+    if full < m:  # the last block, partial: summed as a zero-padded row, as a whole block is
+        row = torch.zeros(1, block)
+        row[0, :m - full] = x[full:]
+        scales_out[full // block:] = row.abs().sum(dim=1) / torch.tensor([float(m - full)])
+    codes_out.copy_(torch.from_numpy(np.packbits(np.greater_equal(x.cpu().numpy(), 0), bitorder="little")))
+    if m % 8:
+        codes_out[-1] |= (0xFF << (m % 8)) & 0xFF
 
 
 def _unpack(packed: torch.Tensor, codec: str) -> torch.Tensor:
@@ -254,20 +262,7 @@ def encode_into(dst: torch.Tensor, x: torch.Tensor, codec: str, chunk: int = 1 <
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[codec]
         dst.view(dtype).copy_(x.detach().reshape(-1))
         return
-    chunk -= chunk % INT8_BLOCK
-    n_blocks, per_byte = math.ceil(n / INT8_BLOCK), PER_BYTE[codec]
-    scales, codes = dst[: 4 * n_blocks].view(torch.float32), dst[4 * n_blocks :]
-    flat = x.detach().reshape(-1)
-    for i in range(0, n, chunk):
-        j = min(i + chunk, n)
-        scales_out = scales[i // INT8_BLOCK : math.ceil(j / INT8_BLOCK)]
-        codes_out = codes[i // per_byte : math.ceil(j / per_byte)]
-        if codec == "sign":
-            enc = _encode_sign(flat[i:j].contiguous())
-            scales_out.copy_(enc[: 4 * scales_out.numel()].view(torch.float32))
-            codes_out.copy_(enc[4 * scales_out.numel():])
-        else:
-            _encode_blocks(flat[i:j].contiguous(), codec, scales_out, codes_out)
+    _encode_chunks(dst, x.detach().reshape(-1), codec, chunk - chunk % INT8_BLOCK)
 
 
 def rounding_error(v: "EncodedVector") -> float:

@@ -114,7 +114,7 @@ def encode_update(pub: torch.Tensor, anchor: torch.Tensor, codec: str) -> Encode
     """The anchor's difference from the public state `pub`, encoded in `codec`: the next update
     (what its decoded values leave out stays in the difference after it is added: error feedback)."""
     flat = anchor.detach().float().cpu().reshape(-1)
-    return EncodedVector(codecs.encode_difference(flat, pub, codec).clone(), codec, flat.numel())
+    return EncodedVector(codecs.encode_difference(flat, pub, codec), codec, flat.numel())
 
 
 def apply_(pub: torch.Tensor, update: EncodedVector, at: int = 0) -> torch.Tensor:

@@ -97,9 +97,9 @@ def test_sign_is_encoded_a_chunk_at_a_time_as_one_block_layout(n):
     for bit, and `encode_difference` encodes the difference without taking it whole."""
     import math
 
-    from p2p_diloco.core.codecs import INT8_BLOCK, SIGN_CHUNK, encode_difference
+    from p2p_diloco.core.codecs import INT8_BLOCK, ENCODE_CHUNK, encode_difference
 
-    x = torch.randn(n if n < 3_000_000 else SIGN_CHUNK * 2 + 13)
+    x = torch.randn(n if n < 3_000_000 else ENCODE_CHUNK * 2 + 13)
     n = x.numel()
     blocks = torch.zeros(math.ceil(n / INT8_BLOCK) * INT8_BLOCK)
     blocks[:n] = x
