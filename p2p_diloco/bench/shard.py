@@ -45,7 +45,7 @@ def worker(way: str, preset: str, steps: int, rounds: int, batch: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from p2p_diloco.bench.round import PeakMeter
+    from p2p_diloco.bench.memory import PeakMeter
     from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
     from p2p_diloco.core.inner import InnerLoop
     from p2p_diloco.core.island import OuterLoop

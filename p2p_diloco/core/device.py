@@ -115,7 +115,7 @@ def synchronize(device: torch.device) -> None:
 
 def reset_peak_memory(device: torch.device) -> int | None:
     """Start a new window for `peak_memory_bytes` on `device`; the bytes allocated there now (None where torch
-    keeps no count: the CPU and MPS, whose peak is the process's resident set, `bench.round.PeakMeter`)."""
+    keeps no count: the CPU and MPS, whose peak is the process's resident set, `bench.memory.PeakMeter`)."""
     if device.type != "cuda":
         return None
     synchronize(device)

@@ -7,7 +7,8 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from p2p_diloco.bench.round import PeakMeter, model_shape, run_round, shape_params
+from p2p_diloco.bench.memory import PeakMeter
+from p2p_diloco.bench.round import model_shape, run_round, shape_params
 from p2p_diloco.cli import main
 
 KEYS = {"exchange": str, "device": str, "params": int, "state_bytes": int, "clone_s": float, "publish_s": float, "fetch_s": float, "mix_s": float,
