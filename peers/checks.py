@@ -145,6 +145,8 @@ class PartnerChecks:
             return None
         self.catch_up = None
         if not states:
+            log.warning("%s could not catch up: no member's state could be downloaded; it keeps its own",
+                        self.identity.name)
             return None
         nbytes = self.source.adopt(states, started=True)
         self.publisher.restart_public()

@@ -103,7 +103,7 @@ class SwarmIsland:
             raise
         self.publisher = Publisher(self.server, self.outer, self.exchange, self.identity)
         self.source = StateSource(self.identity, self.outer, self.membership, self.network, discovery.secret,
-                                  lambda: self._stop_asked)
+                                  lambda: self._stop_asked, relay=self.reach.relay)
         self.guard = DivergenceGuard(self.name, self.outer, optimizer, scheduler,
                                      on_blame=lambda peer, why: self.checks.refuse(peer, why, {}))
         self.gossip = GossipWorker(self.network, secret=discovery.secret, timeout_s=self.network.fetch_timeout_s,

@@ -24,7 +24,7 @@ from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.discovery.membership import Membership
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.errors import CheckpointError, TransportError
-from p2p_diloco.exchange.client import fetch
+from p2p_diloco.exchange.client import Fetcher
 from p2p_diloco.peers import checkpoint
 from p2p_diloco.peers.gossip import partner_state
 from p2p_diloco.peers.identity import Identity
@@ -91,9 +91,10 @@ class StateSource:
     which the island calls on its main thread (a catch-up downloads on a thread of its own)."""
 
     def __init__(self, identity: Identity, outer: OuterLoop, membership: Membership, network: NetworkConfig,
-                 secret: str | None, stopped: Callable[[], bool]) -> None:
+                 secret: str | None, stopped: Callable[[], bool], relay: str | None = None) -> None:
+        """`relay`: the bootstrap's relay endpoint, where the states of members nobody can dial wait."""
         self.identity, self.outer, self.membership, self.stopped = identity, outer, membership, stopped
-        self.network, self.secret = network, secret
+        self.network, self.secret, self.relay = network, secret, relay
 
     def wait_for(self, count: int, timeout: float) -> bool:
         """Wait until discovery shows `count` islands, this one included (at most `timeout` s, or
@@ -121,9 +122,14 @@ class StateSource:
         for rec in others:
             if len(states) >= JOIN_QUORUM or time.monotonic() >= deadline or self.stopped():
                 break
+            via_relay = rec.reach == "outbound"  # nobody can dial it: its state waits at the relay, if any
+            if via_relay and self.relay is None:
+                log.info("cannot download the state of %s: it is outbound-only and no relay serves it", rec.label)
+                continue
             try:
-                snap = fetch(rec.endpoint, self.network, decode=False, secret=self.secret,
-                             timeout=min(self.network.fetch_timeout_s, deadline - time.monotonic()))
+                with Fetcher(self.relay if via_relay else rec.endpoint, self.network, rec.peer_id if via_relay else None,
+                             secret=self.secret) as fetcher:
+                    snap = fetcher.fetch(min(self.network.fetch_timeout_s, deadline - time.monotonic()), decode=False)
                 state = partner_state(snap, self.outer.state.phi.numel(), self.identity.model, self.identity.run)
                 states.append(Downloaded(rec, state, snap.wire_bytes, snap.seconds))
             except TransportError as e:
