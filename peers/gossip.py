@@ -68,6 +68,12 @@ class FetchResult:
     """The island gave the fetch up itself (`GossipWorker.cancel`): neither the link's fault nor the partner's."""
 
 
+def route(partner: IslandRecord, relay: str | None) -> tuple[str | None, str | None]:
+    """Where `partner`'s state is fetched: its endpoint, or, for an outbound-only member nobody can
+    dial, the relay (None: there is none), naming the peer (the second item: None for a direct fetch)."""
+    return (relay, partner.peer_id) if partner.reach == "outbound" else (partner.endpoint, None)
+
+
 class GossipWorker:
     def __init__(self, network: NetworkConfig, timeout_s: float, measure=None, push_source=None,
                  relay: str | None = None, copies: PublicCopies | None = None, measure_public=None,
@@ -126,11 +132,11 @@ class GossipWorker:
         from p2p_diloco.exchange.client import Fetcher
 
         started = time.monotonic()
-        via_relay = partner.reach == "outbound"  # nobody can dial it: its state waits at the relay
+        endpoint, via = route(partner, self.relay)
+        via_relay = via is not None
         handed = False
         try:
-            with Fetcher(self.relay if via_relay else partner.endpoint, self.network, secret=self.secret, link=self.link,
-                         peer=partner.peer_id if via_relay else None) as fetcher:
+            with Fetcher(endpoint, self.network, secret=self.secret, link=self.link, peer=via) as fetcher:
                 self._running = (started, fetcher)
                 public = self.copies is not None and updates and not via_relay
                 wait = partner.version < min_version and wait_until > started  # the server holds its answer

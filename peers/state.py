@@ -26,7 +26,7 @@ from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.errors import CheckpointError, TransportError
 from p2p_diloco.exchange.client import Fetcher
 from p2p_diloco.peers import checkpoint
-from p2p_diloco.peers.gossip import partner_state
+from p2p_diloco.peers.gossip import partner_state, route
 from p2p_diloco.peers.identity import Identity
 from p2p_diloco.peers.plausibility import START_BOUND, distance, norm
 
@@ -122,13 +122,12 @@ class StateSource:
         for rec in others:
             if len(states) >= JOIN_QUORUM or time.monotonic() >= deadline or self.stopped():
                 break
-            via_relay = rec.reach == "outbound"  # nobody can dial it: its state waits at the relay, if any
-            if via_relay and self.relay is None:
+            endpoint, via = route(rec, self.relay)
+            if endpoint is None:
                 log.info("cannot download the state of %s: it is outbound-only and no relay serves it", rec.label)
                 continue
             try:
-                with Fetcher(self.relay if via_relay else rec.endpoint, self.network, rec.peer_id if via_relay else None,
-                             secret=self.secret) as fetcher:
+                with Fetcher(endpoint, self.network, via, secret=self.secret) as fetcher:
                     snap = fetcher.fetch(min(self.network.fetch_timeout_s, deadline - time.monotonic()), decode=False)
                 state = partner_state(snap, self.outer.state.phi.numel(), self.identity.model, self.identity.run)
                 states.append(Downloaded(rec, state, snap.wire_bytes, snap.seconds))
