@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Mapping
 
-from p2p_diloco.core.linkfit import PROBE_SHARE, LinkFit
+from p2p_diloco.core.linkfit import LinkFit
 from p2p_diloco.core.modes import Exchange
 from p2p_diloco.discovery.records import IslandRecord
 
@@ -77,7 +77,7 @@ class FetchChoice:
             (peer_id, rate, nbytes), self._landed = self._landed, None
             if LinkFit.contact_measures(nbytes, rate, round_s):
                 self._measured_from(peer_id, rate)
-        if (self._first and self._at_start() or self._landed) and not self.fit.probed:
+        if self._contacting() or (self._landed and not self.fit.probed):
             return True, True
         before = self.fit.fit
         fit, changed = self.fit.choose(state_bytes, round_s)
@@ -103,8 +103,12 @@ class FetchChoice:
 
     def started(self, peer_id: str, updates: bool) -> None:
         self._running = (peer_id, updates)
-        contact = self._first and updates and self.fit is not None and not self.fit.probed and self._at_start()
+        contact = updates and self._contacting()
         self._first, self._contact = self._first and not contact, peer_id if contact else None
+
+    def _contacting(self) -> bool:
+        """The next fetch is the island's first contact: nothing fetched or probed yet, at a run's start."""
+        return self._first and self.fit is not None and not self.fit.probed and self._at_start()
 
     @property
     def judging(self) -> bool:
@@ -132,7 +136,7 @@ class FetchChoice:
             self._contact, self._landed = None, (peer_id, rate_bps, nbytes)
             return
         self._measured_from(peer_id, rate_bps)
-        if rate_bps > 0 and self._running == (peer_id, True) and nbytes / rate_bps >= PROBE_SHARE * self._round_s:
+        if rate_bps > 0 and self._running == (peer_id, True) and LinkFit.flowed(nbytes / rate_bps, self._round_s):
             self._measured = True  # an update that took as long as a probe: it measured the link
 
     def _measured_from(self, peer_id: str, rate_bps: float) -> None:

@@ -170,8 +170,7 @@ def one_round(outer: Any, publisher: Any, endpoint: str, network: Any, fp: str, 
     def mark(piece: str, s: float) -> None:
         seconds[piece], peaks[piece] = s, meter.take()
 
-    exchange = publisher.exchange  # (`auto`: whole updates, its costliest publish)
-    mark("publish", _timed(lambda: publisher.publish(1 if exchange.adaptive else exchange.fragments), sync)[1])
+    mark("publish", _timed(lambda: publisher.publish(publish_parts(publisher.exchange)), sync)[1])
     snap, s = _timed(lambda: fetch_encoded(endpoint, network), sync)
     mark("fetch", s)
     weight, s = _timed(lambda snap=snap: outer.mix_arrived(partner_state(snap, numel, fp)), sync)
@@ -182,12 +181,17 @@ def one_round(outer: Any, publisher: Any, endpoint: str, network: Any, fp: str, 
     return {"seconds": seconds, "peaks": peaks}
 
 
+def publish_parts(exchange: Any) -> int:
+    """The fragments of the updates the measured island publishes: its exchange's (`auto`: whole
+    updates, its costliest publish and the most bytes it keeps)."""
+    return 1 if exchange.adaptive else exchange.fragments
+
+
 def steady_chain(publisher: Any) -> int:
     """A first publish, untimed, and for an exchange with a public state as many updates as it keeps
     (the same anchor each time: an update's bytes do not depend on its values), so that the timed
     rounds and their peak are those of an island many rounds in; the updates kept."""
-    exchange = publisher.exchange
-    parts = 1 if exchange.adaptive else exchange.fragments  # (`auto`: whole updates, the most it keeps)
+    parts = publish_parts(publisher.exchange)
     publisher.publish(parts)
     public = publisher.public
     if public is None:

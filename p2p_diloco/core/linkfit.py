@@ -159,16 +159,22 @@ class LinkFit:
                       f"above {FRAGMENTS_ABOVE:g}, each under {FRAGMENT_SHARE:g})")
 
     @staticmethod
+    def flowed(data_s: float, round_s: float, at_least: float = 0.0) -> bool:
+        """Whether a fetch whose data flowed for `data_s` seconds measured the link as a probe does: for
+        `PROBE_SHARE` of a round of `round_s`, and for `at_least` seconds."""
+        return data_s >= max(PROBE_SHARE * round_s, at_least)
+
+    @staticmethod
     def contact_measures(nbytes: int, rate_bps: float, round_s: float) -> bool:
         """Whether a first contact of `nbytes` that showed `rate_bps` measured the link: its data flowed
         for `PROBE_SHARE` of a round and for `FIRST_CONTACT_MIN_S` (`peers.fetchchoice`)."""
-        return rate_bps > 0 and round_s > 0 and nbytes / rate_bps >= max(PROBE_SHARE * round_s, FIRST_CONTACT_MIN_S)
+        return rate_bps > 0 and round_s > 0 and LinkFit.flowed(nbytes / rate_bps, round_s, FIRST_CONTACT_MIN_S)
 
     @staticmethod
     def give_way(data_s: float, rate_bps: float, received: int, state_bytes: int, round_s: float) -> bool:
         """Whether a running whole-state fetch should give way to updates: one whose data has flowed
         for `data_s` seconds at `rate_bps` (NaN: not measured yet) and brought `received` bytes,
         judged after `PROBE_SHARE` of a round, once the rest would take more than `UPDATES_ABOVE` of one."""
-        if round_s <= 0 or not rate_bps > 0 or data_s < PROBE_SHARE * round_s:
+        if round_s <= 0 or not rate_bps > 0 or not LinkFit.flowed(data_s, round_s):
             return False
         return (state_bytes - received) / rate_bps > UPDATES_ABOVE * round_s
