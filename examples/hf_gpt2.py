@@ -25,7 +25,6 @@ import datetime
 import json
 import os
 import signal
-import sys
 from pathlib import Path
 
 import torch
@@ -36,6 +35,7 @@ import p2p_diloco
 from p2p_diloco import DiLoCoConfig, IslandConfig
 from p2p_diloco.core.data import BYTE_VOCAB, BatchSampler, eval_batches, load_corpus
 from p2p_diloco.core.shards import write_shard
+from p2p_diloco.peers.distributed import exit_process
 
 SHARDS = 4
 """Training shards the script writes (plus one held-out shard)."""
@@ -141,7 +141,7 @@ def main() -> None:
     if world > 1:  # the ranks leave together: none tears its process group down while rank 0 still closes
         dist.barrier()
         dist.destroy_process_group()
-    sys.exit(0)
+    exit_process(0)  # a torchrun rank leaves without the interpreter's finalization (gloo aborted it there)
 
 
 if __name__ == "__main__":

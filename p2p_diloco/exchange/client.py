@@ -70,6 +70,8 @@ class Snapshot:
 
 CANCEL_CHECK_S = 0.05
 """While it waits for a chunk, a fetch looks this often whether it was given up (`Fetcher.cancel`)."""
+REFUSAL_WAIT_MS = 500
+"""A send with nowhere to go waits this long for the monitor to say the peer refused the handshake."""
 
 
 class Fetcher:
@@ -293,6 +295,9 @@ class Fetcher:
         try:
             self._sock.send_multipart(frames, flags=zmq.NOBLOCK)
         except zmq.ZMQError as e:
+            if e.errno == zmq.EAGAIN:  # a refused handshake drops the connection: its event may be on its way
+                self._monitor.poll(REFUSAL_WAIT_MS)
+                self._drain_monitor(busy=False)
             raise TransportError(f"cannot send to {self.endpoint}: {e}") from e
 
     def _await_manifest(self, first: int, timeout: float, t0: float, wait_s: float = 0.0) -> wire.Manifest:
