@@ -106,7 +106,8 @@ class PartnerChecks:
         bound, lag = self.outer.influence, self.outer.state.version - state.version
         return (bound.momentum(measured.momentum, d) or bound.size(measured.norm, measured.anchor_norm, d, lag)
                 or bound.behind(measured.along, lag)
-                or self.gate.judge(measured.distance, bound.start_bound(d, measured.anchor_norm, measured.noise)))
+                or self.gate.judge(measured.distance, bound.start_bound(d, measured.anchor_norm, measured.noise),
+                                   bound.apart_distance(d, measured.anchor_norm)))
 
     def figures(self, measured: Measured, d: float | None) -> dict:
         """Where an admitted state sits, in the island's own rounds of progress `d`, for the round's
@@ -134,7 +135,7 @@ class PartnerChecks:
             log.warning("%s is at version %d, %s at %d: catching up from the freshest members",
                         self.identity.name, self.outer.state.version,
                         label_among(self.source.membership.members(), peer_id), version)
-            self.catch_up = CatchUp(self.source)
+            self.catch_up = CatchUp(self.source, ahead=peer_id)
 
     def adopt_caught_up(self) -> int | None:
         """Between inner steps: adopt what a finished catch-up downloaded (the plausibility history and

@@ -97,14 +97,17 @@ class Measured:
 
 
 @torch.no_grad()
-def measure(own, theirs, own_m=None, their_m=None, base=None) -> Measured:
+def measure(own, theirs, own_m=None, their_m=None, base=None, share: float = 1.0) -> Measured:
     """Measure `theirs` against the anchor `own` (and its momentum `own_m`) in one pass, slice by
     slice; `base`: what `theirs` is taken from instead of `own` (public states: the partner's and
-    this island's own, whose difference is what a mix adds to the anchor)."""
+    this island's own, whose difference is what a mix adds to the anchor, `share` of it where updates
+    come in fragments: `core.public.mixed_share`)."""
     gap = own_sq = their_sq = along = m_sq = 0.0
     for i in range(0, own.numel(), CHUNK):
         a = _slice(own, i)
         d = _slice(theirs, i, a.device) - (a if base is None else _slice(base, i, a.device))
+        if share != 1.0:
+            d.mul_(share)
         gap += float(d.double().square().sum())
         own_sq += float(a.double().square().sum())
         their_sq += float((a.double() + d.double()).square().sum())
@@ -135,13 +138,15 @@ class PlausibilityGate:
         mad = statistics.median(abs(r - med) for r in self.accepted)
         return max(RATIO * med, med + SPREAD * 1.4826 * mad)
 
-    def judge(self, r: float | None, start: float | None = None) -> str | None:
+    def judge(self, r: float | None, start: float | None = None, apart: float = 0.0) -> str | None:
         """None when a state at distance `r` may be mixed (and remembers `r`), else why not. `start`:
         the bound before distances were learned, from the island's own progress (`core.influence`;
-        None: `START_BOUND`)."""
+        None: `START_BOUND`); `apart`: what the learned bound widens by while the island mixes
+        nothing (`InfluenceBound.apart_distance`)."""
         if r is None:
             return None
-        bound = self.bound() if len(self.accepted) >= MIN_HISTORY or start is None else min(start, START_BOUND)
+        learned = len(self.accepted) >= MIN_HISTORY or start is None
+        bound = self.bound() + apart if learned else min(start, START_BOUND)
         if not math.isfinite(r) or r > bound:
             return f"implausible: {r:.3g} x this island's weights away, the bound is {bound:.3g}"
         self.accepted.append(r)

@@ -25,7 +25,7 @@ from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.linkfit import FIRST_CONTACT_WITHIN
 from p2p_diloco.core.modes import Exchange
 from p2p_diloco.core.params import weights_digest
-from p2p_diloco.core.public import PublicCopies, PublicCopy, PublicState
+from p2p_diloco.core.public import PublicCopies, PublicCopy, PublicState, mixed_share
 from p2p_diloco.exchange.public_views import PublicView
 from p2p_diloco.exchange.server import SnapshotServer
 from p2p_diloco.peers.identity import Identity
@@ -96,10 +96,13 @@ class Publisher:
                 "measure_public": self._measure_public}
 
     def _measure_public(self, copy: PublicCopy) -> Measured:
-        """`pub_partner - pub_own` measured against the anchor (on the gossip worker's thread: the
-        public state is not changed meanwhile)."""
+        """`pub_partner - pub_own` measured against the anchor, the share of it a mix takes where updates
+        come in fragments, as the mix does (`peers.gossip.partner_state`): their spans' turns are
+        staggered, so the whole difference carries up to `parts` rounds of each side's lag (on the
+        gossip worker's thread: the public state is not changed meanwhile)."""
         with self.server.public.changing():
-            return measure(self.outer.state.phi, copy.pub, self.outer.state.m, base=self.public.pub)
+            return measure(self.outer.state.phi, copy.pub, self.outer.state.m, base=self.public.pub,
+                           share=mixed_share(copy.parts, self.public.parts))
 
     def restart_public(self) -> None:
         """After the anchor jumped (a catch-up adopted another state): the next publish starts a new

@@ -106,11 +106,13 @@ class StateSource:
             time.sleep(0.1)
         return True
 
-    def freshest(self) -> list[IslandRecord]:
-        """The members ahead of this island (same model), freshest first."""
+    def freshest(self, ahead: str | None = None) -> list[IslandRecord]:
+        """The members ahead of this island (same model), freshest first; `ahead`: a member whose state
+        was ahead, counted so whatever its record says (a record is republished less often than a
+        state: a catch-up found none ahead by the records and downloaded nothing)."""
         me, v = self.identity, self.outer.state.version
         return sorted((r for p, r in self.membership.members().items()
-                       if p != me.peer_id and r.state in ("training", "syncing") and r.version > v
+                       if p != me.peer_id and r.state in ("training", "syncing") and (r.version > v or p == ahead)
                        and (not r.model or r.model == me.model)),
                       key=lambda r: (r.version, r.tokens), reverse=True)
 
@@ -155,14 +157,15 @@ class CatchUp:
     itself far behind the swarm keeps training while it fetches (a slow member's state can take
     minutes); the island adopts the result between two inner steps (`take`)."""
 
-    def __init__(self, source: StateSource) -> None:
+    def __init__(self, source: StateSource, ahead: str | None = None) -> None:
+        """`ahead`: the member whose state showed this island behind (`StateSource.freshest`)."""
         self._states: list[Downloaded] | None = None
-        self._thread = threading.Thread(target=self._run, args=(source,), name="catch-up", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(source, ahead), name="catch-up", daemon=True)
         self._thread.start()
 
-    def _run(self, source: StateSource) -> None:
+    def _run(self, source: StateSource, ahead: str | None) -> None:
         try:
-            states = source.download(source.freshest(), CATCH_UP_S)
+            states = source.download(source.freshest(ahead), CATCH_UP_S)
         except Exception:  # noqa: BLE001 - a failed catch-up leaves the island as it was
             log.exception("catching up failed")
             states = []

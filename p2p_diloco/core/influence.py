@@ -25,6 +25,15 @@ being mixed, as it would widen one learned from the island's own anchor or momen
   but not this.
 - **Start**: until the gate has learned distances, a state farther than `START_ROUNDS x D` is refused
   (a fixed relative bound of 1.0 let an anchor x1.5 through).
+- **Apart**: an island that mixed nothing for more than `APART_AFTER` of its rounds widens the size,
+  behind and distance bounds by `sqrt(2 n)` rounds for the `n` rounds past that (two islands that
+  train apart drift like two walks of a round's progress a step), at most `APART_MOST`: honest
+  islands that trained apart (a late start, a partner refused early on) measured 10-11 rounds apart
+  after about 110 rounds, and without it refused each other for the rest of their run. Each mix
+  halves the count (a mix moves the anchor by at most `CLIP x D`, so two islands that were far apart
+  need a few to come together) and adopting a state ends it; an island that mixes every round keeps
+  the bounds as they are. What a hostile member gains by it: the few clipped mixes of an island that
+  had no partner's state for that long.
 
 Before the island's first outer step, `D` is the pseudo-gradient of the round so far, scaled to a
 whole round (`core.island.OuterLoop.progress`); after it joined by adopting a state whole, it is
@@ -50,6 +59,11 @@ BEHIND_ROUNDS = 1.5
 """A state may sit this many rounds back along the island's progress, beyond its version's lag."""
 START_ROUNDS = 8.0
 """The gate's bound before it learned distances, in rounds of the island's own progress."""
+APART_AFTER = 8
+"""Rounds without a mix after which the bounds widen (`InfluenceBound.apart_rounds`)."""
+APART_MOST = 12.0
+"""The most rounds of progress that widening adds (an anchor x1.5 sat 23 rounds off the tiny
+preset's own early on)."""
 
 
 class InfluenceBound:
@@ -63,6 +77,8 @@ class InfluenceBound:
         """How far each of the island's own last outer steps moved the anchor along its momentum."""
         self.clipped = 0
         """Mixes whose weight a bound cut (counted by `core.island.OuterLoop.weight`)."""
+        self.unmixed = 0
+        """The island's own rounds without a mix, halved by each mix and ended by an adopted state (`mixed`)."""
 
     def own_round(self, delta_norm: float, advance: float | None = None) -> None:
         """One outer step: its pseudo-gradient's norm and its advance along the momentum."""
@@ -70,6 +86,21 @@ class InfluenceBound:
             self.deltas.append(delta_norm)
         if advance is not None and math.isfinite(advance) and advance > 0:
             self.advances.append(advance)
+        self.unmixed += 1
+
+    def mixed(self, adopted: bool = False) -> None:
+        """A partner's state was mixed (the rounds unmixed halve), or one `adopted` (they end)."""
+        self.unmixed = 0 if adopted else self.unmixed // 2
+
+    def apart_rounds(self) -> float:
+        """Rounds of the island's own progress its bounds widen by for the rounds it mixed nothing
+        (see the module docstring; 0 while it mixes)."""
+        n = self.unmixed - APART_AFTER
+        return 0.0 if n <= 0 else min(APART_MOST, math.sqrt(2 * n))
+
+    def _apart(self) -> str:
+        apart = self.apart_rounds()
+        return "" if not apart else f", {apart:.1f} of it for {self.unmixed} rounds unmixed"
 
     def adopted(self, momentum_norm: float) -> None:
         """The island joined a running swarm by taking a state whole: until its own rounds are remembered, a
@@ -106,16 +137,15 @@ class InfluenceBound:
         return (f"implausible momentum: norm {norm:.3g}, the bound is {bound:.3g} ({MOMENTUM_RATIO:g} x what "
                 f"this island's own pseudo-gradients sum to)")
 
-    @staticmethod
-    def size(norm: float, own_norm: float, d: float | None, lag: int) -> str | None:
+    def size(self, norm: float, own_norm: float, d: float | None, lag: int) -> str | None:
         """Why a state whose anchor has norm `norm`, `lag` versions from the island's (either way), is
         refused, against the island's own `own_norm` (None: it is not)."""
-        bound = SIZE_ROUNDS + abs(lag)
+        bound = SIZE_ROUNDS + abs(lag) + self.apart_rounds()
         if d is None or abs(norm - own_norm) <= bound * d:
             return None
         return (f"implausible size: its weights' norm is {norm / max(own_norm, 1e-12):.3g} x this island's, "
                 f"{abs(norm - own_norm) / d:.1f} of its rounds of progress apart at {abs(lag)} versions' lag "
-                f"(bound {bound:g})")
+                f"(bound {bound:.3g}{self._apart()})")
 
     def rounds_behind(self, along: float | None) -> float | None:
         """How many of the island's own rounds a state sits back along its progress (None: unknown)."""
@@ -124,16 +154,19 @@ class InfluenceBound:
     def behind(self, along: float | None, lag: int) -> str | None:
         """Why a state `along` back along the island's progress (anchor units), `lag` versions behind,
         is refused (None: it is not)."""
-        rounds = self.rounds_behind(along)
-        if rounds is None or rounds <= max(0, lag) + BEHIND_ROUNDS:
+        rounds, more = self.rounds_behind(along), BEHIND_ROUNDS + self.apart_rounds()
+        if rounds is None or rounds <= max(0, lag) + more:
             return None
         return (f"behind: {rounds:.1f} of this island's rounds back along its progress at {max(0, lag)} "
-                f"versions' lag (bound {BEHIND_ROUNDS:g} more): stuck, old or reversed training")
+                f"versions' lag (bound {more:.3g} more{self._apart()}): stuck, old or reversed training")
 
-    @staticmethod
-    def start_bound(d: float | None, anchor_norm: float | None, noise: float = 0.0) -> float | None:
+    def start_bound(self, d: float | None, anchor_norm: float | None, noise: float = 0.0) -> float | None:
         """The gate's relative bound before it learned distances (None: nothing to learn it from);
         `noise`: what the state's encoding rounded off, which adds to any distance."""
         if d is None or not anchor_norm:
             return None
-        return math.hypot(START_ROUNDS * d, noise) / anchor_norm
+        return math.hypot((START_ROUNDS + self.apart_rounds()) * d, noise) / anchor_norm
+
+    def apart_distance(self, d: float | None, anchor_norm: float | None) -> float:
+        """What the gate's learned relative bound widens by (`apart_rounds` of progress `d`)."""
+        return 0.0 if d is None or not anchor_norm else self.apart_rounds() * d / anchor_norm

@@ -66,6 +66,8 @@ class OuterLoop:
         cut *= partner.cut
         if count and cut < a:
             self.influence.clipped += 1
+        if count and cut > 0:
+            self.influence.mixed()
         return cut
 
     @torch.no_grad()
@@ -173,6 +175,7 @@ class OuterLoop:
             else:
                 s.m[i:j].copy_(snapshot.m[i:j].to(s.m.device, non_blocking=True))
         s.version, s.tokens = snapshot.version, snapshot.tokens
+        self.influence.mixed(adopted=True)
         if joined:
             self.influence.adopted(float(s.m.norm()))
         self.begin_round()

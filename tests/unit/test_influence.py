@@ -11,7 +11,7 @@ import torch
 
 from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
 from p2p_diloco.core.data import BatchSampler
-from p2p_diloco.core.influence import CLIP, InfluenceBound
+from p2p_diloco.core.influence import APART_AFTER, APART_MOST, CLIP, START_ROUNDS, InfluenceBound
 from p2p_diloco.core.island import Island
 from p2p_diloco.core.model import build_model
 from p2p_diloco.core.outer import PartnerState
@@ -101,10 +101,62 @@ def test_a_stale_partner_is_judged_at_its_lag():
 
 def test_a_state_versions_apart_may_differ_in_size_by_as_many_rounds():
     """An island resumed 5 versions behind the swarm is about 5 rounds of progress from its states."""
-    assert InfluenceBound.size(norm=15.0, own_norm=10.0, d=1.0, lag=-5) is None
-    assert InfluenceBound.size(norm=5.0, own_norm=10.0, d=1.0, lag=5) is None
-    assert "bound 2" in InfluenceBound.size(norm=15.0, own_norm=10.0, d=1.0, lag=0)
-    assert InfluenceBound.size(norm=15.0, own_norm=10.0, d=None, lag=0) is None
+    bound = InfluenceBound(outer_momentum=0.5)
+    assert bound.size(norm=15.0, own_norm=10.0, d=1.0, lag=-5) is None
+    assert bound.size(norm=5.0, own_norm=10.0, d=1.0, lag=5) is None
+    assert "bound 2)" in bound.size(norm=15.0, own_norm=10.0, d=1.0, lag=0)
+    assert bound.size(norm=15.0, own_norm=10.0, d=None, lag=0) is None
+
+
+def test_an_island_that_mixed_nothing_for_long_widens_its_bounds_and_mixes_narrow_them_again():
+    """Two honest islands that trained apart drift apart: the bounds widen by sqrt(2 n) rounds for the n
+    rounds past `APART_AFTER` without a mix (at most `APART_MOST`), say so, and narrow as mixes come."""
+    bound = InfluenceBound(outer_momentum=0.5)
+    for _ in range(APART_AFTER):
+        bound.own_round(1.0, advance=0.4)
+    assert bound.apart_rounds() == 0 and bound.start_bound(1.0, 100.0) == pytest.approx(START_ROUNDS / 100)
+    assert "bound 2)" in bound.size(norm=16.0, own_norm=10.0, d=1.0, lag=0)
+    assert "behind" in bound.behind(along=0.4 * 4, lag=0)
+    for _ in range(18):
+        bound.own_round(1.0, advance=0.4)
+    assert bound.apart_rounds() == pytest.approx(6.0)  # sqrt(2 x 18)
+    assert bound.size(norm=16.0, own_norm=10.0, d=1.0, lag=0) is None
+    assert bound.behind(along=0.4 * 4, lag=0) is None
+    assert "6.0 of it for 26 rounds unmixed" in bound.size(norm=19.0, own_norm=10.0, d=1.0, lag=0)
+    assert bound.start_bound(1.0, 100.0) == pytest.approx((START_ROUNDS + 6) / 100)
+    assert bound.apart_distance(1.0, 100.0) == pytest.approx(0.06) and bound.apart_distance(None, 100.0) == 0
+    bound.mixed()
+    assert bound.unmixed == 13 and bound.apart_rounds() == pytest.approx(10 ** 0.5)
+    bound.mixed()
+    assert bound.apart_rounds() == 0
+    for _ in range(1000):
+        bound.own_round(1.0, advance=0.4)
+    assert bound.apart_rounds() == APART_MOST
+    bound.mixed(adopted=True)
+    assert bound.unmixed == 0
+
+
+def test_a_mix_halves_the_rounds_unmixed_and_an_adopted_state_ends_them(trained):
+    a, b, _, _ = trained
+    a.influence.unmixed = 40
+    assert a.weight(PartnerState(b.state.phi, b.state.m, a.state.version, a.state.tokens), count=False) > 0
+    assert a.influence.unmixed == 40  # (the probe's look at a weight mixes nothing)
+    assert a.weight(PartnerState(b.state.phi, b.state.m, a.state.version, a.state.tokens)) > 0
+    assert a.influence.unmixed == 20
+    joiner = _island("j", 5)
+    joiner.influence.unmixed = 40
+    joiner.adopt(PartnerState(a.state.phi.clone(), a.state.m.clone(), a.state.version, a.state.tokens))
+    assert joiner.influence.unmixed == 0
+
+
+def test_a_public_state_is_measured_by_the_share_of_its_difference_a_mix_takes():
+    """Updates in fragments are mixed a share at a time (`core.public.mixed_share`), and judged so:
+    the public states' staggered turns put up to `parts` rounds of each side's lag in their difference."""
+    g = torch.Generator().manual_seed(0)
+    anchor, own_pub, their_pub = (torch.randn(1000, generator=g) for _ in range(3))
+    whole, quarter = measure(anchor, their_pub, base=own_pub), measure(anchor, their_pub, base=own_pub, share=0.25)
+    assert quarter.gap == pytest.approx(whole.gap / 4, rel=1e-6)
+    assert quarter.norm == pytest.approx(float((anchor + (their_pub - own_pub) / 4).norm()), rel=1e-5)
 
 
 def test_the_weight_is_cut_to_the_bound():

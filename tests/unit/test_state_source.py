@@ -48,3 +48,26 @@ def test_an_outbound_only_members_state_is_downloaded_through_the_relay():
         assert _source(None)[0].download([record], within_s=10) == []
     finally:
         relay.close()
+
+
+class _Listing:
+    """The members discovery lists (`Membership.members`)."""
+
+    def __init__(self, records: list[IslandRecord]) -> None:
+        self.records = {r.peer_id: r for r in records}
+
+    def members(self) -> dict[str, IslandRecord]:
+        return self.records
+
+
+def test_a_catch_up_counts_the_member_whose_state_was_ahead_whatever_its_record_says():
+    """A record is republished less often than a state: the member whose state at version 8 showed this
+    island (at 5) behind may still be listed at 5, and a catch-up that read only the records found
+    nobody ahead and downloaded nothing."""
+    source, _ = _source(None)
+    source.outer.state.version = 5
+    listed = (("alpha", 5), ("beta", 9), ("gamma", 3), ("joiner", 9))  # (this island is listed too)
+    source.membership = _Listing([IslandRecord(peer_id=p, endpoint=UNREACHABLE, version=v, state="training")
+                                  for p, v in listed])
+    assert [r.peer_id for r in source.freshest()] == ["beta"]
+    assert [r.peer_id for r in source.freshest(ahead="alpha")] == ["beta", "alpha"]
