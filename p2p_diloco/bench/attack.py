@@ -54,8 +54,9 @@ def other_corpus(workdir: Path) -> Path:
 
 
 def _run(workdir: Path, honest: int, member: str | None, tokens: int, latency_ms: float,
-         bandwidth_mbps: float) -> tuple[list[str], str | None]:
-    """One swarm to the end; returns the honest islands' names and the member's peer id."""
+         bandwidth_mbps: float, other_data: Path | None = None) -> tuple[list[str], str | None]:
+    """One swarm to the end; returns the honest islands' names and the member's peer id (`other_data`:
+    the `other-data` member's corpus)."""
     workdir.mkdir(parents=True, exist_ok=True)
     swarm = Swarm(workdir, {"island": {"eval_every": 5}})
     names = [f"honest-{i}" for i in range(honest)]
@@ -68,7 +69,7 @@ def _run(workdir: Path, honest: int, member: str | None, tokens: int, latency_ms
         if member == "slow":
             extra = ["--max-tokens", str(max(1, int(tokens / SLOWDOWN))), "--slowdown", str(SLOWDOWN)]
         elif member == "other-data":
-            extra = ["--data", str(other_corpus(workdir))]
+            extra = ["--data", str(other_data)]
         else:
             extra = ["--poison", str(member)]
         if member is not None:
@@ -95,6 +96,8 @@ def run_bench_attack(kinds: tuple[str, ...] = KINDS, honest: int = 3, tokens: in
     from p2p_diloco.sim.simulator import Simulation
 
     workdir = workdir or Path(tempfile.mkdtemp(prefix="p2p-diloco-attack-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    other_data = other_corpus(workdir) if "other-data" in kinds else None  # (before any swarm: it may be missing)
     simulation = Simulation(SimConfig(islands=honest), ModelConfig(), TrainConfig(), DiLoCoConfig(), load_corpus())
 
     def losses(run_dir: Path, names: list[str]) -> list[float]:
@@ -111,7 +114,7 @@ def run_bench_attack(kinds: tuple[str, ...] = KINDS, honest: int = 3, tokens: in
            "clean_mixes_bounded": sum(1 for r in rows if r.get("weight") and r.get("bounded")), "attacks": {}}
     for kind in kinds:
         run_dir = workdir / kind
-        names, member = _run(run_dir, honest, kind, tokens, latency_ms, bandwidth_mbps)
+        names, member = _run(run_dir, honest, kind, tokens, latency_ms, bandwidth_mbps, other_data)
         attacked = losses(run_dir, names)
         rows = [r for n in names for r in rounds(run_dir / n)]
         refused_mid_round = sum(r.get("refused_from", []).count(member) for r in rows)
