@@ -75,9 +75,10 @@ class Measured:
     """What a partner's state measured against this island's own, on the thread it arrived on."""
 
     distance: float
-    """`|phi_j - phi_i| / |phi_i|`: what the gate judges."""
+    """`|phi_j - phi_i| / |phi_i|`: what the gate judges (public states: their whole difference)."""
     gap: float
-    """`|phi_j - phi_i|`: what bounds the mix's weight (`core.influence`)."""
+    """`|phi_j - phi_i|`: what bounds the mix's weight (`core.influence`; public states: the share of
+    their difference a mix takes)."""
     anchor_norm: float
     """`|phi_i|`."""
     norm: float
@@ -101,22 +102,21 @@ def measure(own, theirs, own_m=None, their_m=None, base=None, share: float = 1.0
     """Measure `theirs` against the anchor `own` (and its momentum `own_m`) in one pass, slice by
     slice; `base`: what `theirs` is taken from instead of `own` (public states: the partner's and
     this island's own, whose difference is what a mix adds to the anchor, `share` of it where updates
-    come in fragments: `core.public.mixed_share`)."""
+    come in fragments: `core.public.mixed_share`). The gate's `distance` is of the whole difference,
+    as every distance it learned; the rest is of what the mix moves, the share."""
     gap = own_sq = their_sq = along = m_sq = 0.0
     for i in range(0, own.numel(), CHUNK):
-        a = _slice(own, i)
-        d = _slice(theirs, i, a.device) - (a if base is None else _slice(base, i, a.device))
-        if share != 1.0:
-            d.mul_(share)
-        gap += float(d.double().square().sum())
-        own_sq += float(a.double().square().sum())
-        their_sq += float((a.double() + d.double()).square().sum())
+        a = _slice(own, i).double()
+        d = (_slice(theirs, i, a.device) - _slice(own if base is None else base, i, a.device)).double()
+        gap += float(d.square().sum())
+        own_sq += float(a.square().sum())
+        their_sq += float(d.mul_(share).add_(a).square().sum())  # (d is the moved-to point from here)
         if own_m is not None:
             m = _slice(own_m, i, a.device)
-            along += float((d.double() * m).sum())
+            along += float(((d - a) * m).sum())
             m_sq += float(m.double().square().sum())
-    anchor = math.sqrt(own_sq)
-    return Measured(math.sqrt(gap) / max(anchor, 1e-12), math.sqrt(gap), anchor, math.sqrt(their_sq),
+    anchor, whole = math.sqrt(own_sq), math.sqrt(gap)
+    return Measured(whole / max(anchor, 1e-12), share * whole, anchor, math.sqrt(their_sq),
                     along / math.sqrt(m_sq) if m_sq > 0 else None, None if their_m is None else norm(their_m),
                     rounding_error(theirs) if isinstance(theirs, EncodedVector) else 0.0)
 

@@ -96,10 +96,10 @@ class Publisher:
                 "measure_public": self._measure_public}
 
     def _measure_public(self, copy: PublicCopy) -> Measured:
-        """`pub_partner - pub_own` measured against the anchor, the share of it a mix takes where updates
-        come in fragments, as the mix does (`peers.gossip.partner_state`): their spans' turns are
-        staggered, so the whole difference carries up to `parts` rounds of each side's lag (on the
-        gossip worker's thread: the public state is not changed meanwhile)."""
+        """`pub_partner - pub_own` measured against the anchor; its bounds take the share of it a mix takes
+        where updates come in fragments, as the mix does (`peers.gossip.partner_state`): their spans'
+        turns are staggered, so the whole difference carries up to `parts` rounds of each side's lag
+        (on the gossip worker's thread: the public state is not changed meanwhile)."""
         with self.server.public.changing():
             return measure(self.outer.state.phi, copy.pub, self.outer.state.m, base=self.public.pub,
                            share=mixed_share(copy.parts, self.public.parts))

@@ -150,13 +150,18 @@ def test_a_mix_halves_the_rounds_unmixed_and_an_adopted_state_ends_them(trained)
 
 
 def test_a_public_state_is_measured_by_the_share_of_its_difference_a_mix_takes():
-    """Updates in fragments are mixed a share at a time (`core.public.mixed_share`), and judged so:
-    the public states' staggered turns put up to `parts` rounds of each side's lag in their difference."""
+    """Updates in fragments are mixed a share at a time (`core.public.mixed_share`), and their bounds
+    judge that share: the public states' staggered turns put up to `parts` rounds of each side's lag
+    in their difference. The gate's distance stays the whole difference, as it learned every other."""
     g = torch.Generator().manual_seed(0)
     anchor, own_pub, their_pub = (torch.randn(1000, generator=g) for _ in range(3))
     whole, quarter = measure(anchor, their_pub, base=own_pub), measure(anchor, their_pub, base=own_pub, share=0.25)
     assert quarter.gap == pytest.approx(whole.gap / 4, rel=1e-6)
     assert quarter.norm == pytest.approx(float((anchor + (their_pub - own_pub) / 4).norm()), rel=1e-5)
+    assert quarter.distance == whole.distance  # (the gate learns every state's whole difference)
+    m = torch.randn(1000, generator=g)
+    along = measure(anchor, their_pub, m, base=own_pub, share=0.25).along
+    assert along == pytest.approx(float(((their_pub - own_pub) / 4 @ m) / m.norm()), rel=1e-5)
 
 
 def test_the_weight_is_cut_to_the_bound():
