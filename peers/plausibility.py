@@ -110,10 +110,11 @@ def measure(own, theirs, own_m=None, their_m=None, base=None, share: float = 1.0
         d = (_slice(theirs, i, a.device) - _slice(own if base is None else base, i, a.device)).double()
         gap += float(d.square().sum())
         own_sq += float(a.square().sum())
-        their_sq += float(d.mul_(share).add_(a).square().sum())  # (d is the moved-to point from here)
+        moved = d.mul_(share)  # what a mix moves the anchor towards
+        their_sq += float((a + moved).square().sum())
         if own_m is not None:
             m = _slice(own_m, i, a.device)
-            along += float(((d - a) * m).sum())
+            along += float((moved * m).sum())
             m_sq += float(m.double().square().sum())
     anchor, whole = math.sqrt(own_sq), math.sqrt(gap)
     return Measured(whole / max(anchor, 1e-12), share * whole, anchor, math.sqrt(their_sq),
