@@ -16,6 +16,8 @@ this island is the stale one: it then catches up from the freshest members on a 
 
 from __future__ import annotations
 
+import contextlib
+
 import logging
 import math
 from collections.abc import Callable
@@ -69,8 +71,10 @@ class PartnerChecks:
             self.chooser.succeeded(result.peer_id, result.nbytes, result.seconds)
         anchor = self.outer.state.phi
         try:
-            state = partner_state(result.snapshot, anchor.numel(), self.identity.model, self.identity.run,
-                                  public=result.public, own_public=self.publisher.public, anchor=anchor)
+            held = self.publisher.own_public() if result.public is not None else contextlib.nullcontext()
+            with held as own:  # (at one version: the publishing thread advances it)
+                state = partner_state(result.snapshot, anchor.numel(), self.identity.model, self.identity.run,
+                                      public=result.public, own_public=own, anchor=anchor)
         except TransportError as e:  # another model or run: it never changes, so never again
             self.chooser.exclude(result.peer_id)
             if isinstance(e, ForeignState):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import random
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.modes import exchange_mode
 from p2p_diloco.core.params import fingerprint, weights_digest
 from p2p_diloco.discovery import open_membership
-from p2p_diloco.discovery.records import IslandRecord, island_label
+from p2p_diloco.discovery.records import island_label
 from p2p_diloco.errors import CheckpointError
 from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.peers import checkpoint
@@ -44,22 +43,24 @@ from p2p_diloco.peers.distributed import CARRY_ON, NEW_ROUND, STOP, SYNC, IntraI
 from p2p_diloco.peers.divergence import DivergenceGuard
 from p2p_diloco.peers.gossip import GossipWorker
 from p2p_diloco.peers.identity import Identity
-from p2p_diloco.peers.metrics import LinkRates, MetricsLog, progress_line, summary_line
+from p2p_diloco.peers.island_reports import IslandReports
+from p2p_diloco.peers.metrics import LinkRates, MetricsLog, summary_line
 from p2p_diloco.peers.partners import PartnerChooser
 from p2p_diloco.peers.plausibility import measure
 from p2p_diloco.peers.publishing import Publisher
 from p2p_diloco.peers.reach import Door, PushInbox, check_reach
-from p2p_diloco.peers.reporting import Figures, loss_value
+from p2p_diloco.peers.reporting import StepLosses, loss_of
 from p2p_diloco.peers.rounds import ANNOUNCE_EVERY_S, Rounds, Tally
 from p2p_diloco.peers.rundir import RunDirLock
 from p2p_diloco.peers.state import DISCOVERY_SETTLE_S, STALE_LAG, ModelExtras, StateSource, resume
+from p2p_diloco.peers.timebook import TimeBook
 
 log = logging.getLogger(__name__)
 ABANDON_FETCH_S = 1.0
 """On leaving, how long a running fetch may finish before it is abandoned."""
 
 
-class SwarmIsland:
+class SwarmIsland(IslandReports):
     """One island of a swarm around a user's model and inner optimizer (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None, *,
@@ -124,9 +125,10 @@ class SwarmIsland:
         self.metrics = MetricsLog(self.cfg.run_dir)
         (self.cfg.run_dir / "island.json").write_text(json.dumps({"peer_id": self.peer_id, "name": self.name,
                                                                   "endpoint": self.server.endpoint}))
-        self.started_at = time.time()
+        self.started_at, self._built = time.time(), time.monotonic()
         self.round = self.own_tokens = 0
-        self.inner_seconds = 0.0
+        self.timebook = TimeBook()
+        """Where the training thread's time goes (`peers.timebook`)."""
         self.initial_loss: float | None = None
         self.eval_loss: float | None = None
         self.state = "joining"
@@ -137,6 +139,7 @@ class SwarmIsland:
         self._t0: float | None = None
         self._returned_at = 0.0
         self._loss: float | None = None
+        self.losses = StepLosses()
 
     # -- the user's side -------------------------------------------------------------------------
     def __enter__(self) -> SwarmIsland:
@@ -144,36 +147,6 @@ class SwarmIsland:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-    @property
-    def version(self) -> int:
-        return self.outer.state.version
-
-    @property
-    def name(self) -> str:
-        return self.identity.name
-
-    @property
-    def bytes_out(self) -> int:
-        """Bytes this island sent: what its server served, plus the states it pushed."""
-        return self.server.stats()["bytes_sent"] + self.gossip.pushes["bytes"]
-
-    def figures(self) -> Figures:
-        """The island's figures now, what the dashboard shows of it: a dict whose every field, and the
-        sign of `staleness` (own version minus the partner's), `peers.reporting.Figures` documents."""
-        t = self.tally
-        return {"peer_id": self.peer_id, "name": self.name, "version": self.version, "round": self.round,
-                "tokens": self.own_tokens, "partner": t.last_partner, "staleness": t.last_staleness,
-                "mixes": t.mixes, "refused": self.checks.refused, "failed_fetches": t.failed, "too_stale": t.too_stale,
-                "alone": self.alone.reason, "fetches": self.rounds.choice.describe(), "bytes_in": t.bytes_in,
-                "bytes_out": self.bytes_out,
-                "loss": self.last_loss, "eval_loss": self.eval_loss, "state": self.state, "reach": self.reach.mode}
-
-    @property
-    def last_loss(self) -> float | None:
-        """The loss last passed to `step()`, as a float; None while it is not finite (a record
-        carries finite numbers only)."""
-        return self._loss if self._loss is None or math.isfinite(self._loss) else None
 
     def share(self, value: int) -> int:
         """`value` as every rank of a torchrun island sees it: this rank's (rank 0's), told to the others."""
@@ -196,8 +169,7 @@ class SwarmIsland:
             self._tell_ranks(SYNC)  # the other ranks start from the state this one joined or resumed with
             self.initial_loss = self.eval_loss = self._evaluate()
             self.state = "training"
-            self.publish()
-            self.membership.announce(self.record())
+            self.publish(wait=True)  # served and announced before the wait for members
         except BaseException:
             self.close()
             raise
@@ -207,6 +179,7 @@ class SwarmIsland:
         if not self.source.wait_for(self.cfg.wait_for, self.cfg.join_timeout_s) and not self._stop_asked:
             log.warning("fewer than %d islands after %.0f s; starting anyway", self.cfg.wait_for, self.cfg.join_timeout_s)
         self._t0 = self._returned_at = time.monotonic()
+        self.timebook.startup_s = self._t0 - self._built
         self.rounds.begin(0.0, training_from=self._t0)
         if self._stop_asked:  # stopped while starting: no round to train
             self.done = True
@@ -230,54 +203,83 @@ class SwarmIsland:
 
         `loss` (a float, a one-element tensor, or an object with a `.loss` tensor such as a Hugging Face
         `ModelOutput`; else a `TypeError`) is what the dashboard shows and what the divergence guard
-        checks (a tensor is read every step: one device sync, the price of noticing a non-finite loss
-        at the step it happens); `tokens` those the step trained on on this process (default
-        `tokens_per_step`), counted for the budget and for token-weighted mixing."""
+        checks (a tensor on an accelerator is read only with others, at most `READ_EVERY` steps
+        later: `peers.reporting.StepLosses`); `tokens` those the step trained on on this process
+        (default `tokens_per_step`), counted for the budget and for token-weighted mixing."""
         if not self._started or self._closed:
             raise RuntimeError("SwarmIsland.step() before start() (use `with join(...) as island:`) or after close()")
         if self.done:
             return
-        value = None if loss is None else loss_value(loss)  # (a TypeError leaves the island as it was)
+        value = None if loss is None else loss_of(loss)  # (a TypeError leaves the island as it was)
         now = time.monotonic()
         rnd = self.rounds.rnd
         rnd.compute_s += now - self._returned_at
-        self.inner_seconds += now - self._returned_at
+        self.timebook.add("inner", now - self._returned_at)
         if value is not None:
-            self._loss = value
-            self.weights_changed |= self.guard.after_step(self._loss, self.rounds.suspect())
+            self.losses.add(value)
         self.outer.round_steps += 1
         rnd.tokens += (self.tokens_per_step if tokens is None else tokens) * self.world
-        if now - rnd.last_announce >= ANNOUNCE_EVERY_S:  # keep watchers current mid-round
+        heartbeat = now - rnd.last_announce >= ANNOUNCE_EVERY_S and not self.publisher.busy()
+        ended = self.rounds.over(self.own_tokens)
+        if heartbeat or ended or self.losses.due():
+            self._read_losses()
+        if heartbeat:  # keep watchers current mid-round
             self.membership.announce(self.record(self.rounds.tokens_per_s()))
             rnd.last_announce = now
-        ended = self.rounds.over(self.own_tokens)
         if ended:
             self._end_round()
             self.done = self.rounds.budget_spent(self.round, self.own_tokens)
             self.rounds.begin(rnd.compute_s)
-            if self.done and self.diloco.final_mix and not self._stop_asked:
-                info = self.rounds.final_mix()
-                if info is not None:
-                    self.metrics.write({"final_mix": info})
         if not self.done:
-            self.rounds.between_steps()
+            with self.timebook.spend("mix"):
+                self.rounds.between_steps()
         changed = self.weights_changed or self.rounds.changed
         self._tell_ranks(STOP if self.done else NEW_ROUND if ended else SYNC if changed else CARRY_ON)
         self._returned_at = time.monotonic()
+        self.timebook.step_done(self._returned_at - now)
+        if self.done:
+            self._final()
+
+    def _read_losses(self) -> None:
+        """The losses kept since the last read, to the divergence guard (after a roll-back, the rest
+        were of weights it undid). Waiting for them is waiting for the inner steps queued on the device."""
+        t0 = time.monotonic()
+        with self.timebook.spend("inner"):
+            values = self.losses.read()
+        self.rounds.rnd.compute_s += time.monotonic() - t0
+        for value in values:
+            self._loss = value
+            if self.guard.after_step(value, self.rounds.suspect()):
+                self.weights_changed = True
+                break
+
+    def _final(self) -> None:
+        """After the last round: the last publish served, then the final mix (`Rounds.final_mix`)."""
+        t0 = time.monotonic()
+        self.publisher.flush()
+        if self.diloco.final_mix and not self._stop_asked:
+            info = self.rounds.final_mix()
+            if info is not None:
+                self.metrics.write({"final_mix": info})
+        self.timebook.final_s += time.monotonic() - t0
 
     def _end_round(self) -> None:
         """Mix what arrived after the last step, take the outer step (`Rounds.finish`), then evaluate,
         publish, announce and log."""
-        if not self.guard.weights_finite():  # never an outer step from non-finite weights
-            self.guard.roll_back("non-finite weights at the round's end", self.rounds.suspect())
         rnd = self.rounds.rnd
-        info, steps = self.rounds.finish()
-        self.round += 1
-        self.own_tokens += rnd.tokens
+        with self.timebook.spend("end"):
+            if not self.guard.weights_finite():  # never an outer step from non-finite weights
+                self.guard.roll_back("non-finite weights at the round's end", self.rounds.suspect())
+            info, steps = self.rounds.finish()
+            self.round += 1
+            self.own_tokens += rnd.tokens
+            self.publish()
         if self.round % self.cfg.eval_every == 0:
-            self.eval_loss = self._evaluate()
-        self.publish()
-        self.membership.announce(self.record(self.rounds.tokens_per_s()))
+            with self.timebook.spend("eval"):
+                self.eval_loss = self._evaluate()
+        if self.round % self.cfg.checkpoint_every == 0:
+            with self.timebook.spend("checkpoint"):
+                self.save_checkpoint()
         self._log_round(info, steps, rnd.compute_s)
 
     def _tell_ranks(self, cmd: int) -> None:
@@ -296,7 +298,8 @@ class SwarmIsland:
             return self._summary
         self._closed, self.state = True, "leaving"
         steps = [("telling the other ranks", lambda: self._tell_ranks(STOP)),
-                 ("abandoning the fetch", lambda: self.gossip.close(timeout=ABANDON_FETCH_S))]
+                 ("abandoning the fetch", lambda: self.gossip.close(timeout=ABANDON_FETCH_S)),
+                 ("publishing thread", self.publisher.close)]
         if self._started:
             steps += [("checkpoint", self.save_checkpoint), ("final evaluation", self._final_eval)]
         steps += [("leave", self.membership.leave), ("membership shutdown", self.membership.shutdown),
@@ -322,18 +325,6 @@ class SwarmIsland:
         if not self.cfg.quiet:  # mixes, refusals and why it trained alone, if it did (`summary_line`)
             summary_line(self._summary)
 
-    @property
-    def _summary(self) -> dict[str, Any]:
-        return {"peer_id": self.peer_id, "name": self.name, "initial_loss": self.initial_loss,
-                "eval_loss": self.eval_loss, "version": self.version, "tokens": self.own_tokens,
-                "rounds": self.round, "mixes": self.tally.mixes, "refused": self.checks.refused,
-                "failed_fetches": self.tally.failed, "too_stale": self.tally.too_stale,
-                "fetched": dict(self.tally.fetched),
-                "alone": self.alone.reason, "alone_episodes": self.alone.episodes, "utilization": self.utilization(),
-                "bytes_in": self.tally.bytes_in, "bytes_out": self.bytes_out, "reach": self.reach.mode,
-                "pushes_sent": self.gossip.pushes["sent"], "pushes_failed": self.gossip.pushes["failed"],
-                "pushes_taken": self.server.stats()["pushes_stored"]}
-
     # -- state -----------------------------------------------------------------------------------
     def _parts(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer, "scheduler": self.scheduler, "model": ModelExtras(self.model),
@@ -355,41 +346,13 @@ class SwarmIsland:
     def _evaluate(self) -> float | None:
         return None if self.eval_fn is None else float(self.eval_fn())
 
-    def publish(self) -> None:
-        self.publisher.publish(self.rounds.choice.parts(self.publisher.update_bytes, self.membership.members()))
-        self.gossip.push_to_relay()
+    def publish(self, wait: bool = False) -> None:
+        """Snapshot the state for the publishing thread, which serves it, then pushes it to the relay
+        and announces the record made now (`peers.publishing`); `wait`: until it is served."""
+        record = self.record(self.rounds.tokens_per_s())
 
-    def record(self, tokens_per_s: float = 0.0) -> IslandRecord:
-        """This island's discovery record (link rates: see `LinkRates`)."""
-        s = self.outer.state
-        sent = self.bytes_out
-        up, down = self.link_rates.update(time.monotonic(), sent, self.tally.bytes_in)
-        fetched_from, fetched_bps = self.rounds.choice.measured_last
-        return IslandRecord(peer_id=self.peer_id, endpoint=self.server.endpoint, version=s.version, tokens=s.tokens,
-                            tokens_per_s=tokens_per_s, loss=self.last_loss, eval_loss=self.eval_loss,
-                            state=self.state, upload_bps=up, download_bps=down, bytes_sent=sent,
-                            bytes_received=self.tally.bytes_in, last_partner=self.tally.last_partner,
-                            refused=self.checks.refused, last_refused=self.checks.last_refused,
-                            alone=self.alone.reason or "", fetches=self.rounds.choice.describe(),
-                            fetched_from=fetched_from, fetched_bps=fetched_bps,
-                            started_at=self.started_at, published_at=self.publisher.published_at,
-                            timestamp=time.time(), model=self.identity.model, reach=self.reach.mode,
-                            name=self.cfg.name or "")
-
-    def utilization(self) -> float:
-        """Share of wall time since the first inner step spent in the user's inner steps."""
-        return 0.0 if self._t0 is None else self.inner_seconds / max(time.monotonic() - self._t0, 1e-6)
-
-    def _log_round(self, info: dict, steps: int, compute_s: float) -> None:
-        """One metrics row and progress line per round; a checkpoint every `checkpoint_every` rounds."""
-        row = {"round": self.round, "version": self.version, "tokens": self.outer.state.tokens,
-               "own_tokens": self.own_tokens, "steps": steps, "loss": self.last_loss,
-               "eval_loss": self.eval_loss if self.round % self.cfg.eval_every == 0 else None,
-               "tokens_per_s": self.rounds.tokens_per_s(), "bytes_out": self.bytes_out,
-               "weight": None, "staleness": None, "inner_s": round(compute_s, 3),
-               "wall_s": round(time.monotonic() - self._t0, 3), "utilization": self.utilization(), **info}
-        self.metrics.write(row)
-        if not self.cfg.quiet:
-            progress_line(self.name, row, self.rounds.label(row.get("partner")))
-        if self.round % self.cfg.checkpoint_every == 0:
-            self.save_checkpoint()
+        def served() -> None:
+            self.gossip.push_to_relay()
+            self.membership.announce(record.replace(published_at=self.publisher.published_at, timestamp=time.time()))
+        self.publisher.publish(self.rounds.choice.parts(self.publisher.update_bytes, self.membership.members()),
+                               then=served, wait=wait)

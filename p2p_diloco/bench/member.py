@@ -94,10 +94,12 @@ class PoisonedPublisher(Publisher):
         noise = torch.randn(phi.numel(), generator=self.gen)  # noise
         return {"phi": phi + noise * (4 * (self.accepted() or 0.0) * phi.norm() / noise.norm())}
 
-    def _advance_public(self, anchor: torch.Tensor | codecs.EncodedVector, parts: int) -> None:
+    def _advance_public(self, anchor: torch.Tensor | codecs.EncodedVector, parts: int, chain: int, version: int,
+                        tokens: int) -> None:
         """The public state (`--exchange auto` or `updates`) follows what is published, poison and all (the
         `nan` kind's NaN scales make the public state and its updates NaN there too)."""
-        super()._advance_public(anchor.float() if isinstance(anchor, codecs.EncodedVector) else anchor, parts)
+        anchor = anchor.float() if isinstance(anchor, codecs.EncodedVector) else anchor
+        super()._advance_public(anchor, parts, chain, version, tokens)
 
 
 def poison(island: SwarmIsland, kind: str) -> None:

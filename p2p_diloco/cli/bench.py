@@ -140,13 +140,15 @@ def bench_round(params, threads, exchanges, device, as_json) -> None:
 
 def _round_table(rows: list[dict]) -> None:
     """The rows of `bench round` as a table: seconds, MiB, and the ratios the targets use."""
-    head = ("exchange", "params", "state MiB", "clone_s", "publish_s", "fetch_s", "mix_s", "outer_s", "overhead_s",
+    head = ("exchange", "params", "state MiB", "clone_s", "snapshot_s", "publish_s", "fetch_s", "mix_s", "outer_s",
+            "blocked_s", "overhead_s",
             "peak MiB", "ns/param", "x clone", "x state")
     widths = [8, 13, *(max(len(h), 9) for h in head[2:])]
     click.echo(" ".join(f"{h:>{w}}" for h, w in zip(head, widths)))
     for r in rows:
         cells = [r["exchange"], f"{r['params']:,}", f"{r['state_bytes'] / 2**20:.1f}",
-                 *(f"{r[k]:.4f}" for k in ("clone_s", "publish_s", "fetch_s", "mix_s", "outer_s", "overhead_s")),
+                 *(f"{r[k]:.4f}" for k in ("clone_s", "snapshot_s", "publish_s", "fetch_s", "mix_s", "outer_s",
+                                           "blocked_s", "overhead_s")),
                  f"{r['peak_extra_bytes'] / 2**20:.1f}", f"{r['overhead_per_param_ns']:.2f}",
                  f"{r['overhead_vs_clone']:.2f}", f"{r['peak_extra_vs_state']:.2f}"]
         click.echo(" ".join(f"{c:>{w}}" for c, w in zip(cells, widths)))

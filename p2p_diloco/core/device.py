@@ -107,6 +107,19 @@ def to_host(x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
     return buf
 
 
+def copy_async(x: torch.Tensor, buf: torch.Tensor) -> torch.cuda.Event | None:
+    """Start copying `x` into the host buffer `buf` without waiting for it: off CUDA the copy is done
+    when this returns (None); from CUDA into a pinned `buf` it is queued on the current stream, and the
+    event returned is what a reader on another thread waits on (`Event.synchronize`) before reading `buf`."""
+    cuda = x.device.type == "cuda"
+    buf.view(x.shape).copy_(x.detach(), non_blocking=cuda and buf.is_pinned())
+    if not cuda:
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(x.device))
+    return event
+
+
 def synchronize(device: torch.device) -> None:
     """Wait until the work queued on `device` is done (for timing it; a no-op off CUDA)."""
     if device.type == "cuda":

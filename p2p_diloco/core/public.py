@@ -156,10 +156,18 @@ class PublicState:
         apply it (in place: whoever reads `pub` while it changes, as a server packing it whole, holds
         the lock its owner changes it under, `exchange.public_views.PublicViews.changing`), keep it;
         the update."""
+        return self.take(self.next_update(anchor, parts), parts)
+
+    def next_update(self, anchor: torch.Tensor, parts: int = 1) -> Update:
+        """The update `advance` would apply, encoded from `pub` without changing it (the costly half,
+        which a publishing thread runs outside the lock that `take` needs)."""
         flat = anchor.detach().float().cpu().reshape(-1)
         lo, hi = fragment(flat.numel(), parts, (self.version + self._stagger) % parts)
-        update = Update(encode_update(self.pub[lo:hi], flat[lo:hi], self.codec), lo)
-        apply_(self.pub, update.values, lo)
+        return Update(encode_update(self.pub[lo:hi], flat[lo:hi], self.codec), lo)
+
+    def take(self, update: Update, parts: int) -> Update:
+        """Apply `update` (from `next_update` at this version) in place and keep it; the update."""
+        apply_(self.pub, update.values, update.at)
         self.version, self.parts = self.version + 1, parts
         self.updates.append(update)
         self._kept_bytes += update.nbytes

@@ -34,18 +34,18 @@ PEER_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 ENDPOINT_RE = re.compile(r"^tcp://[^\s/]{1,240}:[0-9]{1,5}$")
 MODEL_RE = re.compile(r"^([0-9a-f]{16})?$")
 MAX_ALONE_CHARS = 300
-"""The longest reason a record carries (`alone`, `fetches`)."""
+"""The longest text a record carries (`alone`, `fetches`, `time_split`)."""
 FINGERPRINT_CHARS = 20
 """Hex digits of sha256 kept in a peer id (80 bits)."""
 LABEL_ID_CHARS = 8
 """Characters of a peer id that stand for an island without a name (80-bit ids never collide in a
 swarm that size)."""
-OPTIONAL_FIELDS = ("name", "fetched_from", "fetched_bps")
+OPTIONAL_FIELDS = ("name", "fetched_from", "fetched_bps", "utilization", "time_split")
 """Fields a record may lack (records of islands older than the field): they take their default."""
 
 _INT_FIELDS = ("version", "tokens", "bytes_sent", "bytes_received", "refused")
 _FLOAT_FIELDS = ("tokens_per_s", "upload_bps", "download_bps", "fetched_bps", "started_at", "published_at",
-                 "timestamp")
+                 "timestamp", "utilization")
 _OPTIONAL_FLOAT_FIELDS = ("loss", "eval_loss")
 
 
@@ -129,6 +129,13 @@ class IslandRecord:
     the trainable parameters' names, shapes and dtypes; "" when unknown): partners whose
     fingerprint differs are never chosen."""
 
+    utilization: float = 0.0
+    """Share of the island's wall time since its first inner step spent in inner steps (0: none yet).
+    Optional."""
+    time_split: str = ""
+    """Where that wall time went, share by share (`peers.timebook.TimeBook.split`: "inner 0.97 end
+    0.01 ..."). Optional."""
+
     reach: str = "direct"
     """One of `REACHES`: `outbound` when others cannot dial `endpoint` (they must not try to fetch from it)."""
     name: str = ""
@@ -161,7 +168,7 @@ class IslandRecord:
             raise _bad("model", "16 lowercase hex digits or empty", self.model)
         if self.name != "" and not valid_name(self.name):
             raise _bad("name", f"empty or 1-{MAX_NAME_CHARS} printable ASCII characters", self.name)
-        for name in ("alone", "fetches"):
+        for name in ("alone", "fetches", "time_split"):
             v = getattr(self, name)
             if not (isinstance(v, str) and len(v) <= MAX_ALONE_CHARS and v.isascii() and v.isprintable()):
                 raise _bad(name, f"printable ASCII of at most {MAX_ALONE_CHARS} characters", v)

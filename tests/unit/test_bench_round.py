@@ -11,8 +11,9 @@ from p2p_diloco.bench.memory import PeakMeter
 from p2p_diloco.bench.round import model_shape, run_round, shape_params
 from p2p_diloco.cli import main
 
-KEYS = {"exchange": str, "device": str, "params": int, "state_bytes": int, "clone_s": float, "publish_s": float, "fetch_s": float, "mix_s": float,
-        "outer_s": float, "overhead_s": float, "peak_extra_bytes": int, "overhead_per_param_ns": float,
+KEYS = {"exchange": str, "device": str, "params": int, "state_bytes": int, "clone_s": float, "snapshot_s": float,
+        "publish_s": float, "fetch_s": float, "mix_s": float, "outer_s": float, "overhead_s": float, "blocked_s": float,
+        "background_s": float, "snapshot_copies": int, "peak_extra_bytes": int, "overhead_per_param_ns": float,
         "overhead_vs_clone": float, "peak_extra_vs_state": float, "probe_s": float, "step_s": float,
         "probe_vs_step": float}
 
@@ -28,7 +29,12 @@ def test_one_small_size_gives_a_consistent_row():
     assert row["exchange"] == "state" and row["device"] == "cpu" and "device_peak_extra_bytes" not in row
     assert row["params"] == shape_params(model_shape(200_000))
     assert row["state_bytes"] == 4 * row["params"]
-    assert row["overhead_s"] == pytest.approx(row["publish_s"] + row["fetch_s"] + row["mix_s"] + row["outer_s"])
+    assert row["overhead_s"] == pytest.approx(row["snapshot_s"] + row["publish_s"] + row["fetch_s"] + row["mix_s"]
+                                              + row["outer_s"])
+    # the training thread's share of a round's end, and the other threads' work
+    assert row["blocked_s"] == pytest.approx(row["snapshot_s"] + row["outer_s"])
+    assert row["background_s"] == pytest.approx(row["publish_s"] + row["fetch_s"])
+    assert row["snapshot_copies"] == 2  # the anchor, and the momentum that travels (int4, encoded later)
     assert row["overhead_per_param_ns"] == pytest.approx(row["overhead_s"] / row["params"] * 1e9)
     assert row["overhead_vs_clone"] == pytest.approx(row["overhead_s"] / row["clone_s"])
     assert row["peak_extra_vs_state"] == pytest.approx(row["peak_extra_bytes"] / row["state_bytes"])
@@ -81,7 +87,8 @@ def test_targets_are_judged_per_exchange_at_its_largest_size():
 
     def row(exchange, params, peak):
         return {"exchange": exchange, "params": params, "overhead_vs_clone": 5.0, "peak_extra_vs_state": peak,
-                "overhead_per_param_ns": 1.0}
+                "overhead_per_param_ns": 1.0, "outer_s": 1.0, "clone_s": 0.5, "snapshot_copies": 2,
+                "blocked_s": 2.0 if exchange == "state" else 2.5}
 
     judged = targets([row("state", 10, 9.0), row("state", 100, 2.5), row("auto", 10, 1.0), row("auto", 100, 5.75),
                       row("updates", 100, 4.0)])
@@ -90,6 +97,9 @@ def test_targets_are_judged_per_exchange_at_its_largest_size():
     assert peaks == {"peak_extra_bytes / state_bytes at 0.0M, state": (TARGET_PEAK_VS_STATE, True),
                      "peak_extra_bytes / state_bytes at 0.0M, auto": (public, False),
                      "peak_extra_bytes / state_bytes at 0.0M, updates": (public, True)}
+    # the training thread's share of a round: the outer step and the snapshot's copies, at most
+    blocked = {what.split(",")[1]: (limit, met) for what, _, limit, met in judged if what.startswith("blocked")}
+    assert blocked == {" state": (2.0, True), " auto": (2.0, False), " updates": (2.0, False)}
 
 
 @pytest.mark.timeout(60)
