@@ -74,6 +74,11 @@ def loss(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def share(value: float) -> str:
+    """A share of time such as utilization ("0.973"; "-" for 0: none measured yet)."""
+    return f"{value:.3f}" if value else "-"
+
+
 def duration(seconds: float | None) -> str:
     """`42s`, `3m07s`, `1h02m`, `2d03h`: the two most significant units."""
     if seconds is None:

@@ -113,6 +113,8 @@ class DetailScreen(Screen):
         rows = [
             ("state", view.shown_state), ("version", f"v{r.version} ({view.behind} behind)" if view.live else f"v{r.version}"),
             ("tokens", fmt.si(r.tokens)), ("tokens/s", fmt.si(r.tokens_per_s)),
+            ("utilization", f"{r.utilization:.3f} of its time in inner steps" if r.utilization else "-"),
+            ("time spent", r.time_split or "-"),
             ("loss", fmt.loss(r.loss)), ("eval loss", fmt.loss(r.eval_loss)),
             ("upload", fmt.rate(r.upload_bps)), ("download", fmt.rate(r.download_bps)),
             ("sent", fmt.size(r.bytes_sent)), ("received", fmt.size(r.bytes_received)),

@@ -295,6 +295,7 @@ SORT_KEYS = {
     "behind": lambda v: v.behind if v.live else None,
     "age": lambda v: v.age,
     "tokens_per_s": lambda v: v.record.tokens_per_s,
+    "utilization": lambda v: v.record.utilization or None,
     "loss": lambda v: v.record.loss,
     "upload": lambda v: v.record.upload_bps,
     "download": lambda v: v.record.download_bps,

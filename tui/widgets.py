@@ -18,10 +18,10 @@ from p2p_diloco.tui.plot import PALETTE, Series, bounds, plot, with_axis
 from p2p_diloco.tui.state import IslandView, SwarmState
 
 COLUMNS = (("id", "island"), ("address", "address"), ("state", "state"), ("version", "version"), ("behind", "behind"),
-           ("age", "age"), ("tokens_per_s", "tok/s"), ("loss", "loss"), ("upload", "up"), ("download", "down"),
+           ("age", "age"), ("tokens_per_s", "tok/s"), ("utilization", "util"), ("loss", "loss"), ("upload", "up"), ("download", "down"),
            ("partner", "partner"))
 """(column key, label) of the peers table; the keys are `tui.state.SORT_KEYS`."""
-NUMERIC = {"version", "behind", "age", "tokens_per_s", "loss", "upload", "download"}
+NUMERIC = {"version", "behind", "age", "tokens_per_s", "utilization", "loss", "upload", "download"}
 STATE_STYLE = {"joining": "yellow", "training": "green", "alone": "bold yellow", "syncing": "cyan", "leaving": "magenta",
                "left": "dim", "expired": "bold red"}
 LEVEL_STYLE = ("", "yellow", "bold red")
@@ -126,7 +126,7 @@ class PeersTable(DataTable):
             Text(fmt.address_cell(r.endpoint, r.reach), style=dim or ("yellow" if r.reach == "outbound" else "")),
             Text(v.shown_state, style=STATE_STYLE.get(v.shown_state, "")),
             Text(str(r.version), **right), behind, age,
-            Text(fmt.si(r.tokens_per_s), **right),
+            Text(fmt.si(r.tokens_per_s), **right), Text(fmt.share(r.utilization), **right),
             Text(fmt.loss(r.loss), **right),
             Text(fmt.rate(r.upload_bps), **right), Text(fmt.rate(r.download_bps), **right),
             Text(fmt.label_cell(state.label_of(r.last_partner)), style=dim),

@@ -76,18 +76,21 @@ def dashboard(bootstrap, run_id, discovery, refresh, expiry, secret, secret_file
 def format_islands(records: dict[str, IslandRecord] | list[IslandRecord], now: float) -> str:
     """A plain-text table of island records (what `p2p-diloco status` prints); `island` is its name, or
     its peer id's prefix (`island_label`); `reach` says whether others can dial an island (`direct`) or
-    it only dials out (`outbound`); `fetches` what an island with `--exchange auto` fetches now
+    it only dials out (`outbound`); `util` the share of its time in inner steps (where the rest went
+    under the table: `peers.timebook`); `fetches` what an island with `--exchange auto` fetches now
     (`state` or `updates`; `-` for a fixed exchange), why under the table; `partner` the island it
     last mixed with."""
     rows = sorted(records.values() if isinstance(records, dict) else records, key=lambda r: (r.label, r.peer_id))
     known = {r.peer_id: r for r in rows}
-    head = ("island", "peer id", "state", "version", "tokens", "tok/s", "loss", "age s", "reach", "fetches", "partner",
-            "endpoint")
+    head = ("island", "peer id", "state", "version", "tokens", "tok/s", "util", "loss", "age s", "reach", "fetches",
+            "partner", "endpoint")
     body = [(r.label, r.peer_id, r.state, str(r.version), str(r.tokens), f"{r.tokens_per_s:.0f}",
+             f"{r.utilization:.3f}" if r.utilization else "-",
              "-" if r.loss is None else f"{r.loss:.4f}", f"{max(0.0, now - r.timestamp):.1f}" if r.timestamp else "-",
              r.reach, r.fetching or "-", label_among(known, r.last_partner), r.endpoint) for r in rows]
     widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *body]]
     lines += [f"{r.label} trains alone: {r.alone}" for r in rows if r.alone]
     lines += [f"{r.label} fetches {r.fetches}" for r in rows if r.fetching == "updates"]
+    lines += [f"{r.label} spent its time: {r.time_split}" for r in rows if r.time_split]
     return "\n".join(lines)

@@ -61,11 +61,11 @@ def test_detail_view(snap_compare, utc):
 
 
 def test_sorted_by_loss(snap_compare, utc):
-    """The table sorted by loss, worst first (seven presses of s walk to the loss column, S reverses)."""
+    """The table sorted by loss, worst first (eight presses of s walk to the loss column, S reverses)."""
 
     async def sort_by_loss(pilot):
         await settled(pilot)
-        await pilot.press(*"sssssss", "S")
+        await pilot.press(*"ssssssss", "S")
         table = pilot.app.query_one(PeersTable)
         assert (table.sort_column, table.reverse) == ("loss", True)
         await pilot.pause()

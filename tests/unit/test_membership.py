@@ -99,6 +99,12 @@ def test_format_islands_lists_every_record_by_its_label():
     auto = format_islands([record(fetches=f"updates: {why}"), record(peer_id="aaaa", fetches=f"state: {why}")], now=1.7e9)
     assert auto.splitlines()[-1] == f"01234567 fetches updates: {why}"  # why, for an island on updates only
     assert [line.split()[-3] for line in auto.splitlines()[1:3]] == ["updates", "state"]  # sorted by label
+    split = "inner 0.970 mix 0.010 end 0.010 eval 0.005 checkpoint 0.000 other 0.005"
+    timed = format_islands([record(utilization=0.9704, time_split=split), record(peer_id="aaaa")], now=1.7e9)
+    head, first, second = timed.splitlines()[:3]
+    util = head.split().index("util") - 1  # ("peer id" is two words in the head)
+    assert first.split()[util] == "0.970" and second.split()[util] == "-"  # none measured yet: "-"
+    assert timed.splitlines()[-1] == f"01234567 spent its time: {split}"
 
 
 def test_one_label_for_an_island_its_name_or_its_peer_id_prefix():
