@@ -31,6 +31,8 @@ DEVICE_RE = r"^(auto|cpu|mps|cuda(:\d+)?)$"
 """Syntax of a `--device` value (checked by `TrainConfig`, torch-free)."""
 PRECISIONS = ("fp32", "bf16")
 """Precisions of the inner forward and backward pass (`p2p_diloco.core.device.autocast`)."""
+COMPILES = ("auto", "on", "off")
+"""`[train] compile`: `torch.compile` the model's training forward on CUDA only (auto), everywhere (on), never (off)."""
 SHARDS = ("replicate", "fsdp")
 """How a torchrun island holds its model: whole on every rank (DDP) or sharded over them (FSDP2, `peers.sharding`)."""
 POISONS = ("nan", "scale", "random", "other-run", "momentum", "inflate", "stuck", "reverse", "noise")

@@ -21,7 +21,7 @@ from typing import Any
 
 from p2p_diloco import addresses
 from p2p_diloco.choices import (  # noqa: F401 - importers take these from p2p_diloco.config too
-    CODECS, DEVICE_RE, DEVICES_HELP, DHT_PORT_OFFSET, DISCOVERY_KINDS, EXCHANGES, MAX_FRAGMENTS, MAX_NAME_CHARS, MODEL_PRESETS,
+    CODECS, COMPILES, DEVICE_RE, DEVICES_HELP, DHT_PORT_OFFSET, DISCOVERY_KINDS, EXCHANGES, MAX_FRAGMENTS, MAX_NAME_CHARS, MODEL_PRESETS,
     MOMENTUM_MODES, PRECISIONS, PX_PORT_OFFSET, REACH_MODES, SHARDS, UPDATE_CODECS, WIRE_CODECS, valid_name
 )
 from p2p_diloco.errors import ConfigError
@@ -103,6 +103,8 @@ class TrainConfig:
     optimizer state stay fp32, so the outer state and what islands exchange do not change."""
     shard: str = "replicate"
     """Under torchrun: `replicate` (DDP, the whole model on every rank) or `fsdp` (FSDP2, a shard each)."""
+    compile: str = "auto"
+    """One of `COMPILES` (`core.inner.InnerLoop`: a failed compilation falls back to eager, said once)."""
 
     def __post_init__(self) -> None:
         s = "train"
@@ -110,6 +112,7 @@ class TrainConfig:
                  f"one of {DEVICES_HELP}", self.device)
         _require(self.precision in PRECISIONS, s, "precision", f"one of {PRECISIONS}", self.precision)
         _require(self.shard in SHARDS, s, "shard", f"one of {SHARDS}", self.shard)
+        _require(self.compile in COMPILES, s, "compile", f"one of {COMPILES}", self.compile)
         _require(self.batch_size >= 1, s, "batch_size", ">= 1", self.batch_size)
         _require(isinstance(self.threads, int) and 1 <= self.threads <= 1024, s, "threads", "in [1, 1024]", self.threads)
         _require(0 < self.lr <= 1, s, "lr", "in (0, 1]", self.lr)

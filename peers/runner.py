@@ -20,11 +20,19 @@ from p2p_diloco.core.inner import InnerLoop
 
 
 class Trainer:
-    """The project's inner loop on one island (the sampler is set once the island's identity is known)."""
+    """The project's inner loop on one island (the sampler is set once the island's identity is known).
+
+    On CUDA the next batch is drawn while a step runs, pinned and already on its way to the device
+    (an asynchronous copy), so a step never waits for its batch; its position is what a checkpoint
+    keeps (`state_dict`): a resumed island trains on that batch again rather than skip it."""
 
     def __init__(self, model: torch.nn.Module, cfg: TrainConfig) -> None:
         self.inner = InnerLoop(model, cfg)
         self.sampler: BatchSampler | None = None
+        self.device = next(model.parameters()).device
+        self._next: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._position: torch.Tensor | None = None
+        """The sampler's state before `_next` was drawn."""
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -34,19 +42,30 @@ class Trainer:
     def tokens_per_step(self) -> int:
         return self.sampler.batch_size * self.sampler.block_size
 
-    def step(self) -> float:
-        x, y = self.sampler.next()
+    def step(self) -> torch.Tensor | float:
+        x, y = self._next or self._draw()
+        if self.device.type == "cuda":  # the next batch travels while this step computes
+            self._position = self.sampler.state()
+            self._next = self._draw()
         return self.inner.train_step(x, y)
+
+    def _draw(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.sampler.next()
+        if self.device.type != "cuda":
+            return x, y
+        return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
 
     def size_schedule(self, total_steps: int) -> None:
         self.inner.cfg = dataclasses.replace(self.inner.cfg, total_steps=max(1, total_steps))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"sampler": self.sampler.state(), "inner_step": self.inner.step,
+        position = self.sampler.state() if self._next is None else self._position
+        return {"sampler": position, "inner_step": self.inner.step,
                 "total_steps": self.inner.cfg.total_steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.set_state(state["sampler"])
+        self._next = None
         self.inner.step = int(state["inner_step"])
         self.size_schedule(int(state["total_steps"]))
 
