@@ -46,6 +46,8 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
     "small": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256},
     # GPT-2 small's shape: ~124M parameters at the GPT-2 vocabulary (50257), ~86M with bytes
     "gpt2-small": {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024},
+    # ~1.01B parameters at the GPT-2 vocabulary: head size 128 (`bench gpu`'s large islands)
+    "gpt2-1b": {"n_layer": 18, "n_head": 16, "n_embd": 2048, "block_size": 1024},
 }
 """Named shapes of the project's GPT (`p2p_diloco.core.model`)."""
 

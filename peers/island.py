@@ -115,7 +115,8 @@ class SwarmIsland(IslandReports):
         self.chooser = PartnerChooser(self.peer_id, self.diloco.max_staleness, model=self.identity.model,
                                       relay=self.reach.relay is not None, rng=random.Random(self.peer_id),
                                       ring=self.exchange.ring)
-        self.checks = PartnerChecks(self.identity, self.outer, self.chooser, self.publisher, self.source, probe_fn)
+        self.checks = PartnerChecks(self.identity, self.outer, self.chooser, self.publisher, self.source,
+                                    None if probe_fn is None else lambda: self.timebook.timed("probe", probe_fn))
         self.tally, self.alone = Tally(), AloneWatch(self.name, bootstrap=bool(discovery.bootstrap),
                                                      outbound=self.reach.mode == "outbound", relay=self.reach.relay is not None)
         self.rounds = Rounds(identity=self.identity, outer=self.outer, diloco=self.diloco, island=self.cfg,
@@ -256,6 +257,7 @@ class SwarmIsland(IslandReports):
     def _final(self) -> None:
         """After the last round: the last publish served, then the final mix (`Rounds.final_mix`)."""
         t0 = time.monotonic()
+        self.timebook.frozen = True  # (the last round's end is past: what follows is `final`)
         self.publisher.flush()
         if self.diloco.final_mix and not self._stop_asked:
             info = self.rounds.final_mix()

@@ -96,6 +96,7 @@ class IslandReports:
                 "failed_fetches": self.tally.failed, "too_stale": self.tally.too_stale,
                 "fetched": dict(self.tally.fetched),
                 "alone": self.alone.reason, "alone_episodes": self.alone.episodes, "utilization": self.utilization(),
+                "net_utilization": self.timebook.net_utilization(),
                 "spent": self.timebook.summary(), "publish_s": round(self.publisher.background_s, 3),
                 "coalesced": self.publisher.coalesced,
                 "bytes_in": self.tally.bytes_in, "bytes_out": self.bytes_out, "reach": self.reach.mode,

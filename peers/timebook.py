@@ -2,8 +2,9 @@
 
 `SwarmIsland.step()` books every second of the training thread since the first inner step into one
 part: the time between two calls of `step()` is the user's inner step (`inner`); inside `step()`,
-looking after the exchange between steps (`mix`: taking a partner's state that arrived, its checks
-and effect probe, mixing it), the round's end (`end`: the guard's finiteness check, the mix of what
+looking after the exchange between steps (`mix`: taking a partner's state that arrived, its checks,
+mixing it; `probe`: the effect probe's two evaluations of the held-out batch, `peers.probe`, a
+check this island chose to run on its own device), the round's end (`end`: the guard's finiteness check, the mix of what
 arrived last, the outer step, the snapshot the publishing thread publishes from), evaluation
 (`eval`), checkpoints (`checkpoint`), and the rest (`other`: announces, the round's row and
 progress line, bookkeeping). Before the first step the island spends `startup` (joining,
@@ -11,19 +12,23 @@ the first evaluation and publish, the wait for members); after its last round `f
 mix and serving members behind it). What the publishing thread does (`peers.publishing`) overlaps
 the inner steps and is reported apart (`background`), not booked.
 
-So `inner + mix + end + eval + checkpoint + other` is the wall time from the first step to the last
-round's end, and `utilization` (inner over that) is what the simulator's model of an island
-(`p2p_diloco.sim`: inner steps back to back, the exchange in the background) reads as 1 less the
-training thread's share of the round's ends.
+So the parts add up to the wall time from the first step to the last round's end, and
+`utilization` (inner over that) is what the simulator's model of an island (`p2p_diloco.sim`:
+inner steps back to back, the exchange in the background, no probe, no evaluation) reads as 1
+less the training thread's share of the round's ends; `net_utilization` leaves the probe out
+(inner over the rest), the figure to hold against the simulator's.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
-PARTS = ("inner", "mix", "end", "eval", "checkpoint", "other")
+T = TypeVar("T")
+
+PARTS = ("inner", "mix", "probe", "end", "eval", "checkpoint", "other")
 """The parts of the training thread's time from the first inner step to the last round's end."""
 
 
@@ -37,9 +42,18 @@ class TimeBook:
         self.final_s = 0.0
         self._inside = 0.0
 
+    frozen = False
+    """After the last round's end: nothing more is booked (the final mix is `final_s`)."""
+
     def add(self, part: str, seconds: float) -> None:
-        self.round[part] += seconds
-        self.total[part] += seconds
+        if not self.frozen:
+            self.round[part] += seconds
+            self.total[part] += seconds
+
+    def timed(self, part: str, fn: Callable[[], T]) -> T:
+        """`fn()`, its time booked as `part`."""
+        with self.spend(part):
+            return fn()
 
     @contextmanager
     def spend(self, part: str) -> Iterator[None]:
@@ -73,8 +87,13 @@ class TimeBook:
         """Share of the booked time spent in inner steps (0 before the first)."""
         return self.total["inner"] / self.training_s if self.training_s > 0 else 0.0
 
+    def net_utilization(self) -> float:
+        """`utilization` leaving the effect probe out."""
+        rest = self.training_s - self.total["probe"]
+        return self.total["inner"] / rest if rest > 0 else 0.0
+
     def split(self) -> str:
-        """The booked shares as one line: `inner 0.972 mix 0.011 end 0.004 eval 0.009 checkpoint 0.001 other 0.003`."""
+        """The booked shares as one line: `inner 0.952 mix 0.004 probe 0.030 end 0.002 eval 0.009 ...`."""
         whole = self.training_s
         return " ".join(f"{k} {v / whole:.3f}" for k, v in self.total.items()) if whole > 0 else ""
 

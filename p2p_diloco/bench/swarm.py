@@ -6,7 +6,9 @@ and the simulator runs `gossip` and `dp` with the same model, data, H, codec, li
 tokens, its virtual inner step as long as the islands' measured one (so a partner's state arrives
 as many steps into a round as it did for real). With `runs` > 1 the swarm runs that many times
 and its loss is the mean: runs of unchanged code spread over about 2%. Utilization comes from each
-island's `metrics.jsonl`: inner-step seconds over wall time. Bytes moved are every frame of the
+island's `metrics.jsonl`: inner-step seconds over wall time; `net_utilization` leaves the effect
+probe out (the islands' summaries, `peers.timebook`), which the simulator does not model, and
+`spent_shares` says where each island's time went. Bytes moved are every frame of the
 islands' fetches, both ways (`Fetcher.wire_bytes`), against what the simulator charges for its
 own run (`exchange.cost`).
 """
@@ -31,6 +33,14 @@ def rounds(run_dir: Path) -> list[dict]:
 def utilization(rows: list[dict]) -> float:
     """Share of an island's training wall time spent in inner steps, from its round rows."""
     return sum(r["inner_s"] for r in rows) / max(rows[-1]["wall_s"], 1e-9) if rows else 0.0
+
+
+def shares(spent: dict[str, float]) -> dict[str, float]:
+    """An island's summary's `spent` (`peers.timebook`) as shares of its time from the first step to the
+    last round's end (start-up and the final mix apart)."""
+    parts = {k: v for k, v in spent.items() if k not in ("startup", "final")}
+    whole = sum(parts.values()) or 1.0
+    return {k: round(v / whole, 4) for k, v in parts.items()}
 
 
 def step_seconds(rows: list[dict]) -> float:
@@ -84,6 +94,8 @@ def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.to
                         "ratio_to_sim_gossip": mean / gossip.eval_loss, "per_island_eval_loss": losses,
                         "tokens_per_island": [s["tokens"] for s in summaries],
                         "utilization": [utilization(rows[n]) for n in names],
+                        "net_utilization": [round(s["net_utilization"], 4) for s in summaries],
+                        "spent_shares": [shares(s["spent"]) for s in summaries],
                         "step_seconds": round(step_seconds([r for n in names for r in rows[n]]), 4),
                         "bytes_moved": (moved := sum(s["bytes_in"] for s in summaries)),
                         "bytes_to_sim": moved / (gossip.bytes_sent_per_island * islands),
@@ -104,4 +116,5 @@ def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.to
             "mixes_ratio_to_sim": swarm_mixes / gossip.mixes_per_round if gossip.mixes_per_round else None,
             "sim_gossip_bytes": gossip.bytes_sent_per_island * islands,
             "bytes_to_sim_runs": [round(r["bytes_to_sim"], 4) for r in per_run],
-            "utilization_min": min(u for r in per_run for u in r["utilization"]), "per_run": per_run}
+            "utilization_min": min(u for r in per_run for u in r["utilization"]),
+            "net_utilization_min": min(u for r in per_run for u in r["net_utilization"]), "per_run": per_run}

@@ -95,7 +95,9 @@ def bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_
     for k, r in enumerate(out["per_run"]):
         click.echo(f"{'run ' + str(k):>24}: eval loss {r['swarm_eval_loss']:.4f} (x{r['ratio_to_dp']:.4f} dp), islands "
                    f"{', '.join(f'{x:.4f}' for x in r['per_island_eval_loss'])}, utilization "
-                   f"{min(r['utilization']):.3f}-{max(r['utilization']):.3f}, {r['bytes_moved']:,} bytes, {r['workdir']}")
+                   f"{min(r['utilization']):.3f}-{max(r['utilization']):.3f} (net of the probe "
+                   f"{min(r['net_utilization']):.3f}-{max(r['net_utilization']):.3f}), {r['bytes_moved']:,} bytes, "
+                   f"{r['workdir']}")
 
 
 def _param_count(text: str) -> int:
@@ -221,22 +223,33 @@ def bench_attack(kinds, honest, tokens, workdir, as_json) -> None:
 @click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True)
 @click.option("--vocab-size", type=click.IntRange(256, 65536), default=GPT2_VOCAB, show_default=True,
               help="Vocabulary of the token shards written for the run (the embedded corpus's bytes as ids).")
-@click.option("--rounds", type=click.IntRange(1, 1000), default=4, show_default=True, help="Rounds each island trains.")
+@click.option("--rounds", type=click.IntRange(1, 1000), default=20, show_default=True, help="Rounds each island trains.")
 @click.option("--local-steps", "-H", type=click.IntRange(1, 10_000), default=DiLoCoConfig.local_steps,
               show_default=True, help="Inner steps per round.")
 @click.option("--batch-size", type=click.IntRange(1, 4096), default=TrainConfig.batch_size, show_default=True,
-              help="Sequences per inner step.")
+              help="Sequences per inner step (the plain loop's too).")
+@click.option("--plain-steps", type=click.IntRange(1, 10_000), default=30, show_default=True,
+              help="Timed steps of the plain training loop, the baseline (after 10 untimed ones).")
+@click.option("--big-preset", type=click.Choice(["none", *sorted(MODEL_PRESETS)]), default="gpt2-1b", show_default=True,
+              help="The model of the second pair of islands (none: no second pair).")
+@click.option("--big-rounds", type=click.IntRange(0, 1000), default=3, show_default=True,
+              help="Rounds each of the second pair trains (0: no second pair).")
+@click.option("--big-batch-size", type=click.IntRange(1, 4096), default=4, show_default=True,
+              help="Sequences per inner step of the second pair (two ~1B islands fit one 80 GB GPU at 4).")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the shards, logs and checkpoints here.")
 @click.option("--output", type=click.Path(dir_okay=False), default=None, help="Also write the JSON object to this file.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout; progress goes to stderr.")
-def bench_gpu(device, preset, precision, vocab_size, rounds, local_steps, batch_size, workdir, output, as_json) -> None:
-    """Two islands on one GPU (gpt2-small, bf16) for a few rounds, then `bench round` there: tokens/s,
-    losses, mixes, round overhead, peak memory."""
+def bench_gpu(device, preset, precision, vocab_size, rounds, local_steps, batch_size, plain_steps, big_preset,
+              big_rounds, big_batch_size, workdir, output, as_json) -> None:
+    """On one GPU: a plain training loop, two islands (gpt2-small, bf16) for 20 rounds, two ~1B islands
+    for a few, then `bench round`: tokens/s against the plain loop, utilization, MFU, losses, mixes,
+    round overhead, peak memory."""
     from p2p_diloco.bench.gpu import run_bench_gpu
 
     with user_errors():
         try:
             out = run_bench_gpu(device, preset, precision, vocab_size, rounds, local_steps, batch_size,
+                                None if big_preset == "none" else big_preset, big_rounds, big_batch_size, plain_steps,
                                 Path(workdir) if workdir else None, log=lambda msg: click.echo(msg, err=True))
         except RuntimeError as e:  # an island or the round's process failed: its log is named
             raise click.ClickException(str(e)) from e
@@ -246,12 +259,21 @@ def bench_gpu(device, preset, precision, vocab_size, rounds, local_steps, batch_
     if as_json:
         click.echo(text)
         return
-    for i in out["islands"]:
-        click.echo(f"{i['name']}: {i['tokens_per_s'] or 0:,.0f} tokens/s, loss {i['loss_start']:.3f} -> {i['loss_end']:.3f}, "
-                   f"{i['mixes']} mixes")
+    p = out["plain"]
+    click.echo(f"plain loop: {p['tokens_per_s']:,.0f} tokens/s, MFU {_pct(p['mfu'])}")
+    for pair in [out] + ([out["big"]] if out["big"] else []):
+        for i in pair["islands"]:
+            click.echo(f"{pair.get('preset')} {i['name']}: {i['tokens_per_s'] or 0:,.0f} tokens/s, steady utilization "
+                       f"{i['steady_utilization'] or 0:.3f} (start-up {i['startup_s']:.0f} s), MFU {_pct(i['mfu'])}, "
+                       f"loss {i['loss_start']:.3f} -> {i['loss_end']:.3f}, {i['mixes']} mixes")
+    click.echo(f"islands together: {out['islands_vs_plain']:.3f}x the plain loop's tokens/s")
     r, m = out["round"], out["memory"]
     click.echo(f"round: {r['overhead_s']:.3f} s, {r['overhead_vs_clone']:.1f} clones of the state; peak memory "
                f"{m['peak_bytes'] / 2**30:.2f} GiB, x{m['peak_vs_model_optimizer']:.2f} model + optimizer ({m['method']})")
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
 
 
 RETIRED_FOR_MEMBER = ("--slowdown", "--poison", "--latency-ms", "--bandwidth-mbps")

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.timeout(240)
 def test_bench_gpu_runs_on_the_cpu_and_reports_every_figure(procs, tmp_path):
     out_file = tmp_path / "gpu_check.json"
     proc = procs.python("-m", "p2p_diloco", "bench", "gpu", "--device", "cpu", "--preset", "tiny", "--vocab-size", "256",
-                        "--rounds", "4", "-H", "4", "--batch-size", "4", "--workdir", str(tmp_path / "run"),
+                        "--rounds", "4", "-H", "4", "--batch-size", "4", "--plain-steps", "3", "--big-preset", "tiny",
+                        "--big-rounds", "1", "--big-batch-size", "2", "--workdir", str(tmp_path / "run"),
                         "--output", str(out_file), "--json", stdout=subprocess.PIPE, text=True)
     stdout, _ = proc.communicate(timeout=220)
     assert proc.returncode == 0
@@ -41,11 +42,23 @@ def test_bench_gpu_runs_on_the_cpu_and_reports_every_figure(procs, tmp_path):
         assert math.isfinite(island["loss_start"]) and math.isfinite(island["loss_end"]), island
         assert island["loss_end"] < island["loss_start"] < 5.6, island  # ln(256) = 5.55 at the start
         assert island["peak_device_bytes"] is None  # no CUDA: torch keeps no count on the CPU
+        assert island["mfu"] is None  # no peak known for a CPU
+        spent = island["steady_spent_s"]  # rounds 2 on, by part; start-up apart
+        assert set(spent) == {"inner", "mix", "probe", "end", "eval", "checkpoint", "other"} and spent["inner"] > 0, island
+        assert island["steady_utilization"] == pytest.approx(spent["inner"] / sum(spent.values()), abs=5e-3)  # (ms)
+        assert island["startup_s"] > 0 and island["publish_s"] > 0 and island["coalesced"] >= 0, island
     # the islands met: on a loaded machine one may start its first round after the other's last (the
     # suite's first minutes), and then only the first one fetches, once or twice: its state may be refused
     # (the gate's start bound) and its final mix may find the other gone (seen once: 0 mixes, 1 failed fetch)
     assert all(island["mixes"] >= 0 and island["failed_fetches"] >= 0 for island in out["islands"])
     assert sum(island["mixes"] + island["failed_fetches"] for island in out["islands"]) >= 1, out["islands"]
+    plain = out["plain"]  # the baseline: the same model and batch, no swarm
+    assert plain["steps"] == 3 and plain["tokens_per_s"] > 0 and math.isfinite(plain["loss_last"]), plain
+    together = sum(island["tokens_per_s"] for island in out["islands"])
+    assert out["islands_vs_plain"] == pytest.approx(together / plain["tokens_per_s"])
+    big = out["big"]  # the second pair (here as tiny as the first), one round each
+    assert big["preset"] == "tiny" and big["batch_size"] == 2 and len(big["islands"]) == 2
+    assert all(island["tokens"] == 1 * 4 * 2 * 128 and island["tokens_per_s"] for island in big["islands"]), big
     r = out["round"]
     assert r["device"] == "cpu" and r["overhead_s"] > 0 and r["clone_s"] > 0
     assert r["overhead_vs_clone"] == pytest.approx(r["overhead_s"] / r["clone_s"])

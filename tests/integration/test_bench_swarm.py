@@ -28,6 +28,10 @@ def test_bench_swarm_repeats_the_swarm_and_averages_its_runs(procs, tmp_path):
         assert run["tokens_per_island"] == [20480, 20480]
         assert all(math.isfinite(loss) and loss < 5.0 for loss in run["per_island_eval_loss"]), run  # 5.35 at the start
         assert all(0.5 < u <= 1.0 for u in run["utilization"]), run
+        # the probe left out, an island's share in inner steps is higher; its time adds up, by part
+        assert all(u - 0.01 <= n <= 1.0 for u, n in zip(run["utilization"], run["net_utilization"])), run
+        for split in run["spent_shares"]:
+            assert sum(split.values()) == pytest.approx(1.0, abs=1e-3) and split["inner"] > 0.5, split
         assert 0 < run["step_seconds"] < 10, run
         # not bytes_moved > 0: in 2 rounds at most one fetch lands per run, and one run in five measured had none
         # the budget spent, the islands mix a partner's last state before the final checkpoint (a partner
