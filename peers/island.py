@@ -10,7 +10,9 @@
 `SwarmIsland` is the facade over the parts that talk to the swarm (docs/DESIGN.md, 2.5.1). The
 user's loop takes the inner steps; `step()`, called after each one, does the rest between two of
 them (`peers.rounds`: keep a fetch going, mix what arrived, end the round), never waiting on the
-network; a round's end takes the outer step, publishes, announces, logs and checkpoints.
+network; a round's end takes the outer step and a snapshot of the state, which the publisher's
+thread encodes, serves and announces while the next round trains (`peers.publishing`), then
+evaluates, logs and checkpoints; where every second goes is booked (`peers.timebook`).
 
 `done` turns True at a `step()` that ended the island's budget (rounds, tokens, seconds) or followed
 `stop()`; under torchrun every rank sees it at the same step (`peers.distributed`). `join` uses it.
@@ -234,12 +236,12 @@ class SwarmIsland(IslandReports):
         if not self.done:
             with self.timebook.spend("mix"):
                 self.rounds.between_steps()
+        else:  # (before STOP: the other ranks take the weights the final mix made, and gather with it)
+            self._final()
         changed = self.weights_changed or self.rounds.changed
         self._tell_ranks(STOP if self.done else NEW_ROUND if ended else SYNC if changed else CARRY_ON)
         self._returned_at = time.monotonic()
         self.timebook.step_done(self._returned_at - now)
-        if self.done:
-            self._final()
 
     def _read_losses(self) -> None:
         """The losses kept since the last read, to the divergence guard (after a roll-back, the rest
@@ -266,8 +268,9 @@ class SwarmIsland(IslandReports):
         self.timebook.final_s += time.monotonic() - t0
 
     def _end_round(self) -> None:
-        """Mix what arrived after the last step, take the outer step (`Rounds.finish`), then evaluate,
-        publish, announce and log."""
+        """Mix what arrived after the last step, take the outer step (`Rounds.finish`), snapshot the
+        state for the publishing thread (which serves and announces it), then evaluate, checkpoint and
+        log, each booked in the time book."""
         rnd = self.rounds.rnd
         with self.timebook.spend("end"):
             if not self.guard.weights_finite():  # never an outer step from non-finite weights

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The first run on a GPU machine, in one shot: `p2p-diloco doctor`, then `p2p-diloco bench gpu`
-# (two gpt2-small islands in bf16 on one GPU for a few rounds, then `bench round` on it).
+# (a plain training loop, two gpt2-small islands in bf16 on one GPU for 20 rounds, two gpt2-1b
+# islands for 3, then `bench round` on it).
 #
 #   scripts/gpu_check.sh [FILE]
 #
@@ -8,8 +9,8 @@
 # writes it to FILE, else to $OUT/gpu_check.json when $OUT is set; progress and the doctor's report
 # go to stderr. With $OUT set the islands' logs and the doctor's JSON land there too. Python: $PYTHON,
 # else .venv/bin/python, else python3 (the project is installed into it, without dependencies, when
-# it is not there yet). Bounded by GPU_CHECK_TIMEOUT seconds (default 420). Extra arguments after
-# FILE go to `bench gpu` (e.g. `--rounds 6`).
+# it is not there yet). Bounded by GPU_CHECK_TIMEOUT seconds (default 480). Extra arguments after
+# FILE go to `bench gpu` (e.g. `--rounds 6`, `--big-preset none`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,5 +45,5 @@ trap finish EXIT
 "$PY" -m p2p_diloco doctor >&2 || true
 if [ -n "${OUT:-}" ]; then mkdir -p "$OUT"; "$PY" -m p2p_diloco doctor --json > "$OUT/doctor.json" || true; fi
 [ -n "$out" ] && mkdir -p "$(dirname "$out")"
-timeout --kill-after=20 "${GPU_CHECK_TIMEOUT:-420}" \
+timeout --kill-after=20 "${GPU_CHECK_TIMEOUT:-480}" \
   "$PY" -m p2p_diloco bench gpu --json --workdir "$work/run" ${out:+--output "$out"} "$@"
