@@ -35,7 +35,8 @@ COMPILES = ("auto", "on", "off")
 """`[train] compile`: `torch.compile` the model's training forward on CUDA only (auto), everywhere (on), never (off)."""
 SHARDS = ("replicate", "fsdp")
 """How a torchrun island holds its model: whole on every rank (DDP) or sharded over them (FSDP2, `peers.sharding`)."""
-POISONS = ("nan", "scale", "random", "other-run", "momentum", "inflate", "stuck", "reverse", "noise")
+POISONS = ("nan", "scale", "random", "other-run", "momentum", "inflate", "stuck", "reverse", "noise", "claims",
+           "momentum-x3", "drift")
 """What a hostile test double publishes (`bench member --poison`, `p2p_diloco.bench.member`)."""
 HONEST_MEMBERS = ("slow", "other-data")
 """Members of `bench attack` that differ from the others honestly: 10x slower, or on another corpus."""

@@ -27,6 +27,8 @@ from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.discovery.records import label_among
 from p2p_diloco.errors import ForeignState, TransportError
+from p2p_diloco.peers.claims import TOKEN_RATE, VERSION_AHEAD, ClaimBounds
+from p2p_diloco.peers.drift import DriftMemory
 from p2p_diloco.peers.gossip import FetchResult, partner_state
 from p2p_diloco.peers.identity import Identity
 from p2p_diloco.peers.partners import PartnerChooser
@@ -48,10 +50,16 @@ class PartnerChecks:
         self.probe = None if probe_fn is None else EffectProbe(outer, probe_fn)
         """Judges a state by its mix's effect on a held-out loss, after every other check (None: not)."""
         self.gate = PlausibilityGate()
+        self.claims = ClaimBounds(lambda: [r.version for r in self.source.membership.members().values()
+                                           if r.state == "training"])
         self.catch_up: CatchUp | None = None
         """The download of the freshest states, while this island catches up."""
+        self.drift = DriftMemory()
         self.refused = 0
         self.last_refused: str | None = None
+        self.momenta_scaled = 0
+        """Partners' momenta mixed at the learned bound (`core.influence.InfluenceBound.momentum_scale`)."""
+        self._said: set[tuple[str, str]] = set()
 
     def admit(self, result: FetchResult) -> tuple[PartnerState | None, dict]:
         """The state of an exchange that ended (fetched, or pushed to this island), if it may be mixed,
@@ -80,6 +88,12 @@ class PartnerChecks:
             if isinstance(e, ForeignState):
                 info["foreign"] = e.kind
             return self.refuse(result.peer_id, str(e), info)
+        version, tokens, clipped = self.claims.count(self.outer.state.version, state.version, state.tokens)
+        if clipped is not None:
+            state, info["claims"] = replace(state, version=version, tokens=tokens), clipped
+            self._say_once("claims", result.peer_id, f"it claims more than this island can check ({clipped}; versions "
+                           f"at most {VERSION_AHEAD} ahead of the members' median, tokens at most {TOKEN_RATE:g} of "
+                           f"this island's rounds per version): counted as clipped")
         measured, d = result.measured, self.outer.progress()  # (a pass over the weights before the first outer step)
         why = self.judge(state, measured, d)
         if why is not None:
@@ -91,6 +105,17 @@ class PartnerChecks:
             info["distance"] = round(measured.distance, 6)
             state = replace(state, gap=measured.trained)
             info.update(self.figures(measured, d))
+            cap, drift, why = self.drift.judge(result.peer_id, measured.move, d)
+            if drift is not None:
+                info["drift"] = round(drift, 3)
+            if why is not None:
+                return self.refuse(result.peer_id, why, info)
+            state = replace(state, cap=cap, m_scale=self.outer.influence.momentum_scale(measured.momentum))
+            if state.m_scale < 1:
+                self.momenta_scaled += 1
+                info["momentum_scaled"] = round(state.m_scale, 4)
+                self._say_once("momentum", result.peer_id, f"its momentum is {1 / state.m_scale:.2f} x the bound "
+                               f"learned from this island's own momenta; mixed at the bound")
         if self.probe is not None:  # what the mix would do (`peers.probe`)
             effect = self.probe.effect(state)
             if effect is not None and not math.isfinite(effect):
@@ -100,6 +125,20 @@ class PartnerChecks:
                 state = replace(state, cut=self.probe.cut(effect, result.peer_id))
         self.chooser.mixed(result.peer_id)
         return state, info
+
+    def own_round(self, tokens: int) -> None:
+        """One of this island's rounds ended, having trained `tokens`."""
+        self.claims.own_round(tokens)
+
+    def mixed(self, peer_id: str, weight: float) -> None:
+        """The state `admit` returned for `peer_id` was weighed, and mixed with `weight` (0: it was not)."""
+        self.drift.mixed(peer_id, weight)
+
+    def _say_once(self, what: str, peer_id: str, message: str) -> None:
+        if (what, peer_id) not in self._said:
+            self._said.add((what, peer_id))
+            log.warning("%s: %s: %s (said once for it; counted in the summary)", self.identity.name,
+                        label_among(self.source.membership.members(), peer_id), message)
 
     def judge(self, state: PartnerState, measured: Measured | None, d: float | None) -> str | None:
         """Why a state that fits this island's model and run is refused (None: it may be mixed): its

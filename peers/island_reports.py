@@ -93,6 +93,8 @@ class IslandReports:
         return {"peer_id": self.peer_id, "name": self.name, "initial_loss": self.initial_loss,
                 "eval_loss": self.eval_loss, "version": self.version, "tokens": self.own_tokens,
                 "rounds": self.round, "mixes": self.tally.mixes, "refused": self.checks.refused,
+                "bounded": self.outer.influence.clipped, "claims_clipped": self.checks.claims.clipped,
+                "momenta_scaled": self.checks.momenta_scaled,
                 "failed_fetches": self.tally.failed, "too_stale": self.tally.too_stale,
                 "fetched": dict(self.tally.fetched),
                 "alone": self.alone.reason, "alone_episodes": self.alone.episodes, "utilization": self.utilization(),

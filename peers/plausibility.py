@@ -30,6 +30,7 @@ import torch
 
 from p2p_diloco.core.codecs import EncodedVector, rounding_error
 from p2p_diloco.core.params import CHUNK
+from p2p_diloco.peers.drift import SKETCHER, Sketcher
 
 HISTORY = 32
 """Accepted distances remembered."""
@@ -90,6 +91,9 @@ class Measured:
     """`|m_j|`, when the state holds a momentum."""
     noise: float = 0.0
     """What its encoding took from `phi_j` (`codecs.rounding_error`): part of `gap` that no training made."""
+    move: torch.Tensor | None = None
+    """A sketch (`peers.drift`) of what a mix with weight 1 moves the anchor by, less its part along this
+    island's momentum (None: not sketched)."""
 
     @property
     def trained(self) -> float:
@@ -98,13 +102,16 @@ class Measured:
 
 
 @torch.no_grad()
-def measure(own, theirs, own_m=None, their_m=None, base=None, share: float = 1.0) -> Measured:
+def measure(own, theirs, own_m=None, their_m=None, base=None, share: float = 1.0,
+            sketch: Sketcher = SKETCHER) -> Measured:
     """Measure `theirs` against the anchor `own` (and its momentum `own_m`) in one pass, slice by
     slice; `base`: what `theirs` is taken from instead of `own` (public states: the partner's and
     this island's own, whose difference is what a mix adds to the anchor, `share` of it where updates
     come in fragments: `core.public.mixed_share`). The gate's `distance` is of the whole difference,
-    as every distance it learned; the rest is of what the mix moves, the share."""
+    as every distance it learned; the rest is of what the mix moves, the share, sketched for the
+    island's memory of each partner's mixes (`peers.drift`) with `sketch`."""
     gap = own_sq = their_sq = along = m_sq = 0.0
+    move, m_sketch = sketch.empty(), sketch.empty()
     for i in range(0, own.numel(), CHUNK):
         a = _slice(own, i).double()
         d = (_slice(theirs, i, a.device) - _slice(own if base is None else base, i, a.device)).double()
@@ -112,14 +119,18 @@ def measure(own, theirs, own_m=None, their_m=None, base=None, share: float = 1.0
         own_sq += float(a.square().sum())
         moved = d.mul_(share)  # what a mix moves the anchor towards
         their_sq += float((a + moved).square().sum())
+        sketch.add_(move, moved, i)
         if own_m is not None:
             m = _slice(own_m, i, a.device)
             along += float((moved * m).sum())
             m_sq += float(m.double().square().sum())
+            sketch.add_(m_sketch, m, i)
+    if m_sq > 0:  # less its part along the island's own progress
+        move.sub_(m_sketch, alpha=along / m_sq)
     anchor, whole = math.sqrt(own_sq), math.sqrt(gap)
     return Measured(whole / max(anchor, 1e-12), share * whole, anchor, math.sqrt(their_sq),
                     along / math.sqrt(m_sq) if m_sq > 0 else None, None if their_m is None else norm(their_m),
-                    rounding_error(theirs) if isinstance(theirs, EncodedVector) else 0.0)
+                    rounding_error(theirs) if isinstance(theirs, EncodedVector) else 0.0, move)
 
 
 class PlausibilityGate:

@@ -345,6 +345,7 @@ class Rounds:
     def _count_mix(self, info: dict, pushed: bool = False) -> None:
         """Count a partner's state that was weighed: a mix, or one that arrived too stale to count
         (the last partner is the last one fetched)."""
+        self.checks.mixed(info["partner"], info.get("weight") or 0.0)
         if self.outer.influence.clipped > self._clipped:  # its weight was cut to the bound (`core.influence`)
             self._clipped, info["bounded"] = self.outer.influence.clipped, True
         if info.get("weight"):
@@ -373,6 +374,7 @@ class Rounds:
         self._mix_pushed()  # one pushed to us after the last inner step
         partners, info = self._take_partner()  # a fetch that arrived after the last inner step
         weights = outer.end_round(partners, tokens=rnd.tokens)
+        self.checks.own_round(rnd.tokens)
         self.inbox.new_round()
         self.changed = True
         if partners:

@@ -9,9 +9,12 @@ tenth of the tokens; `other-data`: trained on another corpus) with one such memb
 must be mixed, not refused; once more without the member, a bystander island training alone in
 another run taking its place on the machine (the honest islands share the CPU with as many
 processes in every run, so only the member differs). Every honest island trains the same tokens
-in every run. The figures: each honest island's final eval loss (its anchor on the simulator's
-held-out batches, as `bench swarm` evaluates) against the run without the member, and how many of
-the member's states the honest ones refused and mixed (from their `metrics.jsonl`: one row per
+in every run. With `runs` above 1 each swarm runs that many times, so that a 1% difference can be
+told from one run's noise (about 1%). The figures: each honest island's final eval loss (its
+anchor on the simulator's held-out batches, as `bench swarm` evaluates) against the mean of the
+runs without the member (`judged`: the mean, the worst honest island of each run on average, the
+spread of the runs' means), the honest islands' roll-backs (`diverged`), and how many of the
+member's states the honest ones refused and mixed (from their `metrics.jsonl`: one row per
 round, naming the partner of its exchange and the partners refused before it); of the mixed ones,
 how many the influence bound cut (`core.influence`); in the run without it, how many honest
 states were refused (false refusals).
@@ -86,9 +89,36 @@ def _run(workdir: Path, honest: int, member: str | None, tokens: int, latency_ms
     return names, json.loads((workdir / "member" / "island.json").read_text())["peer_id"]
 
 
+def _diverged(run_dir: Path, names: list[str]) -> int:
+    """Roll-backs of the honest islands in one swarm (`peers.divergence` logs each)."""
+    return sum((run_dir / f"{n}.log").read_text(errors="replace").count(" diverged (") for n in names
+               if (run_dir / f"{n}.log").exists())
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def _spread(xs: list[float]) -> float:
+    """The sample standard deviation (0 for one value)."""
+    m = _mean(xs)
+    return (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else 0.0
+
+
+def judged(losses: list[list[float]], clean_mean: float) -> dict:
+    """The runs of one kind (each the honest islands' losses) against the clean runs' mean: the mean
+    over every honest island of every run, the mean over runs of each run's worst honest island,
+    and the spread of the runs' means, each relative to the clean mean."""
+    means, worst = [_mean(run) for run in losses], [max(run) for run in losses]
+    return {"mean": _mean(means), "ratio_to_clean_mean": _mean(means) / clean_mean,
+            "worst_ratio_to_clean_mean": _mean(worst) / clean_mean, "spread": _spread(means) / clean_mean}
+
+
 def run_bench_attack(kinds: tuple[str, ...] = KINDS, honest: int = 3, tokens: int = TOKENS_PER_ISLAND,
-                     latency_ms: float = 100.0, bandwidth_mbps: float = 1000.0, workdir: Path | None = None) -> dict:
-    """The swarm without the member, then with one of each kind; see the module docstring."""
+                     latency_ms: float = 100.0, bandwidth_mbps: float = 1000.0, workdir: Path | None = None,
+                     runs: int = 1) -> dict:
+    """`runs` swarms without the member, then `runs` with one of each kind (run by run, so that a
+    change of the machine's load over the bench falls on every kind alike); see the module docstring."""
     import tempfile
 
     from p2p_diloco.core.data import load_corpus
@@ -105,28 +135,39 @@ def run_bench_attack(kinds: tuple[str, ...] = KINDS, honest: int = 3, tokens: in
                                            .tensors[checkpoint.ANCHOR]) for n in names]
 
     started = time.monotonic()
-    names, _ = _run(workdir / "clean", honest, None, tokens, latency_ms, bandwidth_mbps)
-    clean = losses(workdir / "clean", names)
-    rows = [r for n in names for r in rounds(workdir / "clean" / n)]
-    out = {"honest": honest, "tokens_per_island": tokens, "clean_eval_loss": clean,
-           "clean_false_refusals": sum(len(r.get("refused_from", [])) + bool(r.get("refused")) for r in rows),
-           "clean_mixes": sum(1 for r in rows if r.get("weight")),
-           "clean_mixes_bounded": sum(1 for r in rows if r.get("weight") and r.get("bounded")), "attacks": {}}
-    for kind in kinds:
-        run_dir = workdir / kind
-        names, member = _run(run_dir, honest, kind, tokens, latency_ms, bandwidth_mbps, other_data)
-        attacked = losses(run_dir, names)
+    clean, counts = [], {"false_refusals": 0, "mixes": 0, "mixes_bounded": 0, "diverged": 0}
+    found: dict[str, dict] = {kind: {"eval_loss": [], "diverged": 0, "member_states_refused": 0,
+                                     "member_states_mixed": 0, "member_mixes_bounded": 0} for kind in kinds}
+    for run in range(runs):
+        run_dir = workdir / f"clean-{run}" if runs > 1 else workdir / "clean"
+        names, _ = _run(run_dir, honest, None, tokens, latency_ms, bandwidth_mbps)
+        clean.append(losses(run_dir, names))
         rows = [r for n in names for r in rounds(run_dir / n)]
-        refused_mid_round = sum(r.get("refused_from", []).count(member) for r in rows)
-        rows = [r for r in rows if r.get("partner") == member]
-        out["attacks"][kind] = {
-            "eval_loss": attacked, "ratio_to_clean": [a / c for a, c in zip(attacked, clean)],
-            "worst_ratio_to_clean": max(a / c for a, c in zip(attacked, clean)),
-            "honest_member": kind in HONEST_MEMBERS,
-            "member_states_refused": refused_mid_round + sum(1 for r in rows if r.get("refused")),
-            "member_states_mixed": sum(1 for r in rows if r.get("weight")),
-            "member_mixes_bounded": sum(1 for r in rows if r.get("weight") and r.get("bounded")),
-        }
+        counts["false_refusals"] += sum(len(r.get("refused_from", [])) + bool(r.get("refused")) for r in rows)
+        counts["mixes"] += sum(1 for r in rows if r.get("weight"))
+        counts["mixes_bounded"] += sum(1 for r in rows if r.get("weight") and r.get("bounded"))
+        counts["diverged"] += _diverged(run_dir, names)
+        for kind in kinds:
+            run_dir = workdir / f"{kind}-{run}" if runs > 1 else workdir / kind
+            names, member = _run(run_dir, honest, kind, tokens, latency_ms, bandwidth_mbps, other_data)
+            f = found[kind]
+            f["eval_loss"].append(losses(run_dir, names))
+            f["diverged"] += _diverged(run_dir, names)
+            rows = [r for n in names for r in rounds(run_dir / n)]
+            refused_mid_round = sum(r.get("refused_from", []).count(member) for r in rows)
+            rows = [r for r in rows if r.get("partner") == member]
+            f["member_states_refused"] += refused_mid_round + sum(1 for r in rows if r.get("refused"))
+            f["member_states_mixed"] += sum(1 for r in rows if r.get("weight"))
+            f["member_mixes_bounded"] += sum(1 for r in rows if r.get("weight") and r.get("bounded"))
+    clean_mean = _mean([_mean(run) for run in clean])
+    c = judged(clean, clean_mean)
+    out = {"honest": honest, "tokens_per_island": tokens, "runs": runs, "clean_eval_loss": clean,
+           "clean_mean": clean_mean, "clean_worst_ratio_to_clean_mean": c["worst_ratio_to_clean_mean"],
+           "clean_spread": c["spread"], "clean_false_refusals": counts["false_refusals"],
+           "clean_mixes": counts["mixes"], "clean_mixes_bounded": counts["mixes_bounded"],
+           "clean_diverged": counts["diverged"], "attacks": {}}
+    for kind, f in found.items():
+        out["attacks"][kind] = {**f, **judged(f["eval_loss"], clean_mean), "honest_member": kind in HONEST_MEMBERS}
     out["wall_s"] = round(time.monotonic() - started, 1)
     out["workdir"] = str(workdir)
     return out

@@ -13,7 +13,10 @@ two hooks (`trainer_type`, `on_island`), so nothing of them is in the product's 
   that pass a distance gate: `momentum` (its anchor, with its outer momentum x1e4), `inflate` (its
   anchor x1.5), `stuck` (its initial weights every round, as a member whose training is stuck),
   `reverse` (its last round's change reversed), `noise` (its anchor plus noise at 4x the median
-  distance of the states it accepts itself).
+  distance of the states it accepts itself); and three quiet ones: `claims` (its honest state,
+  claiming version +1000 and tokens x1000), `momentum-x3` (its anchor, with its outer momentum x3),
+  `drift` (its anchor plus a fixed direction that grows by half the median distance it accepts
+  itself, each round).
 
 `p2p-diloco bench attack` measures the swarm's defences against each poison (BENCHMARKS.md).
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -69,6 +73,10 @@ class PoisonedPublisher(Publisher):
         self.accepted = accepted
         self.previous = self.initial
         """The anchor at the publish before (`reverse`)."""
+        direction = torch.randn(self.initial.numel(), generator=self.gen)
+        self.direction = direction / direction.norm()
+        self.drifted = 0.0
+        """How far `drift` has moved its anchor along `direction` so far."""
 
     def tensors(self) -> dict:
         phi = self.outer.state.phi.detach().cpu()
@@ -84,6 +92,11 @@ class PoisonedPublisher(Publisher):
             return {"phi": phi - self.initial + self.other_initial}
         if self.kind == "momentum":
             return {"phi": phi, "m": self.outer.state.m.detach().cpu() * 1e4}
+        if self.kind == "momentum-x3":
+            return {"phi": phi, "m": self.outer.state.m.detach().cpu() * 3}
+        if self.kind == "drift":
+            self.drifted += 0.5 * (self.accepted() or 0.0) * float(phi.norm())
+            return {"phi": phi + self.direction * self.drifted}
         if self.kind == "inflate":
             return {"phi": phi * 1.5}
         if self.kind == "stuck":
@@ -93,6 +106,11 @@ class PoisonedPublisher(Publisher):
             return {"phi": 2 * previous - phi}
         noise = torch.randn(phi.numel(), generator=self.gen)  # noise
         return {"phi": phi + noise * (4 * (self.accepted() or 0.0) * phi.norm() / noise.norm())}
+
+    def _publish_now(self, job) -> None:
+        """`claims`: the honest state, served with a version 1000 ahead and 1000 times its tokens."""
+        super()._publish_now(replace(job, version=job.version + 1000, tokens=job.tokens * 1000)
+                             if self.kind == "claims" else job)
 
     def _advance_public(self, anchor: torch.Tensor | codecs.EncodedVector, parts: int, chain: int, version: int,
                         tokens: int) -> None:

@@ -13,13 +13,15 @@ the default `NetworkConfig` (int8) and `DiLoCoConfig`, each piece timed alone:
   digests, served from now on (in an island, overlapped with the next round's inner steps);
 - `fetch_s`: a `Fetcher`'s fetch of the partner's state: transfer and checks (block digests, finite
   int8 scales), kept encoded (`decode=False`), as the island's gossip worker (`peers/gossip.py`) does;
+- `measure_s`: the worker's measure of it against the anchor (`peers.plausibility.measure`: its
+  distances, norms and the sketch of its move, `peers.drift`), in one pass;
 - `mix_s`: `partner_state(...)` and `OuterLoop.mix_arrived(...)`: decoding the partner slice by slice
   into fp32 and mixing it into the anchor and the running weights;
 - `outer_s`: `OuterLoop.end_round([])`: the outer Nesterov step and loading the new anchor.
 
 `blocked_s` is what a round's end costs the training thread, `snapshot_s + outer_s` (the mix runs
 between two inner steps when a partner's state arrived, `peers.rounds`, and is `mix_s` apart);
-`background_s`, `publish_s + fetch_s`, runs on the island's other threads. The target:
+`background_s`, `publish_s + fetch_s + measure_s`, runs on the island's other threads. The target:
 `blocked_s` at most `outer_s` plus `snapshot_copies` clones of the state. `overhead_s` is the sum
 of every piece, wherever it runs.
 
@@ -97,7 +99,7 @@ snapshot copies (`snapshot_copies`: the publisher's host buffers, reused every r
 a round's end that does not wait for the encoding; BENCHMARKS.md, "Every second trains"); and overhead per parameter
 "roughly flat", read as: the largest and smallest ns/param of the sizes measured within a factor
 of 2."""
-PIECES = ("snapshot", "publish", "fetch", "mix", "outer")
+PIECES = ("snapshot", "publish", "fetch", "measure", "mix", "outer")
 
 
 def layer_params(n_embd: int) -> int:
@@ -174,6 +176,7 @@ def one_round(outer: Any, publisher: Any, endpoint: str, network: Any, fp: str, 
     piece's seconds and its peak memory above the baseline."""
     from p2p_diloco.core.device import synchronize
     from p2p_diloco.peers.gossip import partner_state
+    from p2p_diloco.peers.plausibility import measure as measure_state
 
     numel = outer.state.phi.numel()
     sync = functools.partial(synchronize, outer.state.phi.device)
@@ -186,6 +189,8 @@ def one_round(outer: Any, publisher: Any, endpoint: str, network: Any, fp: str, 
     mark("publish", _timed(publisher.flush, sync)[1])  # (the publishing thread's: overlapped in an island)
     snap, s = _timed(lambda: fetch_encoded(endpoint, network), sync)
     mark("fetch", s)
+    mark("measure", _timed(lambda snap=snap: measure_state(outer.state.phi, snap.tensors["phi"], outer.state.m,
+                                                           snap.tensors.get("m")), sync)[1])
     weight, s = _timed(lambda snap=snap: outer.mix_arrived(partner_state(snap, numel, fp)), sync)
     assert weight > 0, "the partner must be mixed, or mix_s would time nothing"
     del snap  # mixed: the island keeps nothing of it
@@ -330,7 +335,7 @@ def _row(params: int, clone_s: float, rounds: list[dict], peak: int, copies: int
     state = 4 * params
     return {"params": params, "state_bytes": state, "clone_s": clone_s,
             **{f"{p}_s": piece[p] for p in PIECES}, "overhead_s": overhead,
-            "blocked_s": piece["snapshot"] + piece["outer"], "background_s": piece["publish"] + piece["fetch"],
+            "blocked_s": piece["snapshot"] + piece["outer"], "background_s": piece["publish"] + piece["fetch"] + piece["measure"],
             "snapshot_copies": copies, "peak_extra_bytes": peak,
             "overhead_per_param_ns": overhead / params * 1e9, "overhead_vs_clone": overhead / clone_s,
             "peak_extra_vs_state": peak / state}

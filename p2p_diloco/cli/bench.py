@@ -186,14 +186,16 @@ def bench_shard(preset, ranks, steps, rounds, batch_size, as_json) -> None:
 @bench.command("attack")
 @click.option("--kinds", default=",".join(POISONS + HONEST_MEMBERS), show_default=True, callback=csv(str),
               help="The member beside the honest islands, one swarm each: a poison it publishes (nan, scale, "
-                   "random, other-run, momentum, inflate, stuck, reverse, noise) or an honest difference "
-                   "(slow: 10x slower; other-data: trained on another corpus).")
+                   "random, other-run, momentum, inflate, stuck, reverse, noise, claims, momentum-x3, drift) or an "
+                   "honest difference (slow: 10x slower; other-data: trained on another corpus).")
 @click.option("--honest", type=click.IntRange(2, 8), default=3, show_default=True, help="Honest islands.")
 @click.option("--tokens", type=click.IntRange(min=1), default=368_640, show_default=True,
               help="Tokens every island trains in every swarm (a slow member a tenth of them).")
+@click.option("--runs", type=click.IntRange(1, 20), default=1, show_default=True,
+              help="Swarms of each kind, and as many without the member: judged on their mean.")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the runs here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def bench_attack(kinds, honest, tokens, workdir, as_json) -> None:
+def bench_attack(kinds, honest, tokens, runs, workdir, as_json) -> None:
     """Honest islands with one more member, hostile (a test double) or honestly different, against
     the same swarm without it."""
     from p2p_diloco.bench.attack import run_bench_attack
@@ -202,17 +204,18 @@ def bench_attack(kinds, honest, tokens, workdir, as_json) -> None:
     if unknown:
         raise click.BadParameter(f"unknown {', '.join(unknown)}; choose from {', '.join(known)}", param_hint="--kinds")
     with user_errors():
-        out = run_bench_attack(tuple(kinds), honest, tokens, workdir=Path(workdir) if workdir else None)
+        out = run_bench_attack(tuple(kinds), honest, tokens, workdir=Path(workdir) if workdir else None, runs=runs)
     if as_json:
         click.echo(json.dumps(out))
         return
-    clean = out["clean_eval_loss"]
-    click.echo(f"without the member: eval loss {', '.join(f'{x:.4f}' for x in clean)}; honest states refused "
-               f"{out['clean_false_refusals']} of {out['clean_false_refusals'] + out['clean_mixes']}")
+    click.echo(f"without the member, {runs} run(s): mean eval loss {out['clean_mean']:.4f} (spread of the runs' "
+               f"means {out['clean_spread']:.2%}, worst island x{out['clean_worst_ratio_to_clean_mean']:.4f}); honest "
+               f"states refused {out['clean_false_refusals']} of {out['clean_false_refusals'] + out['clean_mixes']}")
     for kind, a in out["attacks"].items():
-        click.echo(f"{kind:>10}: eval loss {', '.join(f'{x:.4f}' for x in a['eval_loss'])} "
-                   f"(worst x{a['worst_ratio_to_clean']:.4f} of the clean run); the member's states refused "
-                   f"{a['member_states_refused']}, mixed {a['member_states_mixed']} (bounded {a['member_mixes_bounded']})")
+        click.echo(f"{kind:>11}: mean eval loss {a['mean']:.4f}, x{a['ratio_to_clean_mean']:.4f} of the clean mean "
+                   f"(worst island x{a['worst_ratio_to_clean_mean']:.4f}, spread {a['spread']:.2%}, {a['diverged']} "
+                   f"roll-backs); the member's states refused {a['member_states_refused']}, mixed "
+                   f"{a['member_states_mixed']} (bounded {a['member_mixes_bounded']})")
 
 
 @bench.command("gpu")

@@ -14,6 +14,14 @@ being mixed, as it would widen one learned from the island's own anchor or momen
   of its norm, far more than a round of warmup moves it).
 - **Momentum**: refused when its norm exceeds `MOMENTUM_RATIO x D / (1 - mu)`; an honest momentum
   sums pseudo-gradients decaying by mu, so its norm stays under `D / (1 - mu)`.
+- **Momentum, learned**: whatever passes that is scaled down to at most `MOMENTUM_CLIP` times the
+  island's own momentum's norm (the median of its last `HISTORY` outer steps, or the last if
+  larger): honest partners' momenta blend with one another every round, so their norms sit within
+  a few tens of percent of the island's own, while one x3 passed the bound above and, blended at
+  0.5 and rescaled (`core.modes`), doubled the island's momentum at every mix it got (+1.8%,
+  BENCHMARKS.md "The quiet members"). The island's own momentum is itself mixed, so a partner at
+  the bound every time lifts it by `(1 + a (MOMENTUM_CLIP - 1))` per mix, against the decay by `mu`
+  at each outer step; the bound above stays the ceiling.
 - **Size**: a state whose anchor's norm differs from the island's own by more than `SIZE_ROUNDS x D`,
   plus a round for each version the two states are apart, is refused: an honest partner's weights
   grow or shrink as the island's own do, a round's progress apart at most at one version (an island
@@ -55,6 +63,8 @@ CLIP = 2.0
 """A partner moves the anchor by at most this many of the island's own rounds' pseudo-gradients."""
 MOMENTUM_RATIO = 3.0
 """A partner's momentum may be this many times the norm an honest one reaches."""
+MOMENTUM_CLIP = 1.25
+"""A partner's momentum is mixed at most this many times the norm of the island's own."""
 SIZE_ROUNDS = 2.0
 """A state's anchor norm may differ from the island's own by this many rounds of its progress."""
 BEHIND_ROUNDS = 1.5
@@ -75,6 +85,8 @@ class InfluenceBound:
         self.mu = outer_momentum
         self.deltas: deque[float] = deque(maxlen=HISTORY)
         """Norms of the island's own last pseudo-gradients."""
+        self.momenta: deque[float] = deque(maxlen=HISTORY)
+        """Norms of the island's own momentum after its last outer steps."""
         self.advances: deque[float] = deque(maxlen=HISTORY)
         """How far each of the island's own last outer steps moved the anchor along its momentum."""
         self.clipped = 0
@@ -82,10 +94,12 @@ class InfluenceBound:
         self.unmixed = 0
         """The island's own rounds without a mix, halved by each mix and ended by an adopted state (`mixed`)."""
 
-    def own_round(self, delta_norm: float, advance: float | None = None) -> None:
-        """One outer step: its pseudo-gradient's norm and its advance along the momentum."""
+    def own_round(self, delta_norm: float, advance: float | None = None, momentum_norm: float | None = None) -> None:
+        """One outer step: its pseudo-gradient's norm, its advance along the momentum, the momentum's norm after it."""
         if math.isfinite(delta_norm) and delta_norm > 0:
             self.deltas.append(delta_norm)
+        if momentum_norm is not None and math.isfinite(momentum_norm) and momentum_norm > 0:
+            self.momenta.append(momentum_norm)
         if advance is not None and math.isfinite(advance) and advance > 0:
             self.advances.append(advance)
         self.unmixed += 1
@@ -116,6 +130,8 @@ class InfluenceBound:
         if math.isfinite(d) and d > 0:
             self.deltas.clear()
             self.deltas.append(d)
+            self.momenta.clear()
+            self.momenta.append(momentum_norm)
 
     def reference(self) -> float | None:
         """`D`, from the rounds remembered (None: no outer step yet): their median, or the last round's
@@ -138,6 +154,14 @@ class InfluenceBound:
             return None
         return (f"implausible momentum: norm {norm:.3g}, the bound is {bound:.3g} ({MOMENTUM_RATIO:g} x what "
                 f"this island's own pseudo-gradients sum to)")
+
+    def momentum_scale(self, norm: float | None) -> float:
+        """The factor a partner's momentum of this norm is mixed with (1: as it came; see "Momentum,
+        learned" in the module docstring)."""
+        if norm is None or not self.momenta or not math.isfinite(norm) or norm <= 0:
+            return 1.0
+        bound = MOMENTUM_CLIP * max(statistics.median(self.momenta), self.momenta[-1])
+        return min(1.0, bound / norm)
 
     def size(self, norm: float, own_norm: float, d: float | None, lag: int) -> str | None:
         """Why a state whose anchor has norm `norm`, `lag` versions from the island's (either way), is

@@ -63,7 +63,7 @@ class OuterLoop:
         if a <= 0:
             return a
         cut = a if partner.gap is None else self.influence.clip(a, partner.gap, self.progress())
-        cut *= partner.cut
+        cut = min(cut * partner.cut, partner.cap)
         if count and cut < a:
             self.influence.clipped += 1
         if count and cut > 0:
@@ -148,7 +148,7 @@ class OuterLoop:
             sums[1] += torch.dot(step, s.m[i:j])
             sums[2] += torch.dot(s.m[i:j], s.m[i:j])
         own_sq, along, m_sq = sums.tolist()
-        self.influence.own_round(math.sqrt(own_sq), lr * along / math.sqrt(m_sq) if m_sq > 0 else None)
+        self.influence.own_round(math.sqrt(own_sq), lr * along / math.sqrt(m_sq) if m_sq > 0 else None, math.sqrt(m_sq))
         for partner, a in weighted:
             if a > 0:
                 mix_counters_(s, partner, a, self.cfg)

@@ -49,14 +49,17 @@ class Momentum:
         """Whether the momentum is published and a partner's is mixed."""
         return self.codec is not None
 
-    def mix_(self, m: torch.Tensor, theirs: torch.Tensor, a: float) -> None:
-        """Mix a partner's momentum slice `theirs` into ours, `m`, with weight `a` (nothing when local).
+    def mix_(self, m: torch.Tensor, theirs: torch.Tensor, a: float, scale: float = 1.0) -> None:
+        """Mix a partner's momentum slice `theirs`, times `scale`, into ours, `m`, with weight `a`
+        (nothing when local).
 
         Blended, then scaled to `(1-a) |m| + a |theirs|`: two momenta pointing in different
         directions would otherwise shrink each other at every mix."""
         if not self.travels:
             return
         theirs = theirs.to(m.device, non_blocking=True)
+        if scale != 1.0:
+            theirs = theirs * scale
         target = (1 - a) * m.norm() + a * theirs.norm()
         blend_(m, theirs, a)
         if (norm := m.norm()) > 0:

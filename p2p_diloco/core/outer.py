@@ -57,6 +57,11 @@ class PartnerState:
     cut: float = 1.0
     """A factor on the mix's weight, below 1 where the mix was measured to raise the island's held-out
     loss by more than it tolerates (`peers.probe`)."""
+    m_scale: float = 1.0
+    """A factor on its momentum, below 1 where its norm exceeds the bound learned from the island's own
+    momenta (`core.influence.InfluenceBound.momentum_scale`)."""
+    cap: float = 1.0
+    """The most weight it may be mixed with (`peers.drift`: what its past mixes moved the island)."""
 
 
 def nesterov_(phi: torch.Tensor, m: torch.Tensor, delta: torch.Tensor, lr: float, mu: float) -> torch.Tensor:
@@ -115,7 +120,7 @@ def mix_slice_(state: OuterState, partner: PartnerState, a: float, momentum: Mom
     slice already decoded (a caller that needs it for something else decodes it once)."""
     blend_(state.phi[i:j], partner.phi[i:j] if theirs is None else theirs, a)
     if partner.m is not None:
-        momentum.mix_(state.m[i:j], partner.m[i:j], a)
+        momentum.mix_(state.m[i:j], partner.m[i:j], a, partner.m_scale)
 
 
 def mix(state: OuterState, partner: PartnerState, a: float, cfg: DiLoCoConfig, momentum: Momentum,

@@ -12,7 +12,7 @@ from p2p_diloco.bench.round import model_shape, run_round, shape_params
 from p2p_diloco.cli import main
 
 KEYS = {"exchange": str, "device": str, "params": int, "state_bytes": int, "clone_s": float, "snapshot_s": float,
-        "publish_s": float, "fetch_s": float, "mix_s": float, "outer_s": float, "overhead_s": float, "blocked_s": float,
+        "publish_s": float, "fetch_s": float, "measure_s": float, "mix_s": float, "outer_s": float, "overhead_s": float, "blocked_s": float,
         "background_s": float, "snapshot_copies": int, "peak_extra_bytes": int, "overhead_per_param_ns": float,
         "overhead_vs_clone": float, "peak_extra_vs_state": float, "probe_s": float, "step_s": float,
         "probe_vs_step": float}
@@ -29,11 +29,11 @@ def test_one_small_size_gives_a_consistent_row():
     assert row["exchange"] == "state" and row["device"] == "cpu" and "device_peak_extra_bytes" not in row
     assert row["params"] == shape_params(model_shape(200_000))
     assert row["state_bytes"] == 4 * row["params"]
-    assert row["overhead_s"] == pytest.approx(row["snapshot_s"] + row["publish_s"] + row["fetch_s"] + row["mix_s"]
-                                              + row["outer_s"])
+    assert row["overhead_s"] == pytest.approx(row["snapshot_s"] + row["publish_s"] + row["fetch_s"] + row["measure_s"]
+                                              + row["mix_s"] + row["outer_s"])
     # the training thread's share of a round's end, and the other threads' work
     assert row["blocked_s"] == pytest.approx(row["snapshot_s"] + row["outer_s"])
-    assert row["background_s"] == pytest.approx(row["publish_s"] + row["fetch_s"])
+    assert row["background_s"] == pytest.approx(row["publish_s"] + row["fetch_s"] + row["measure_s"])
     assert row["snapshot_copies"] == 2  # the anchor, and the momentum that travels (int4, encoded later)
     assert row["overhead_per_param_ns"] == pytest.approx(row["overhead_s"] / row["params"] * 1e9)
     assert row["overhead_vs_clone"] == pytest.approx(row["overhead_s"] / row["clone_s"])

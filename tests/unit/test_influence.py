@@ -6,12 +6,14 @@ against one of them as a partner's state arriving is (`peers.plausibility.measur
 `peers.checks.PartnerChecks` judges it.
 """
 
+import statistics
+
 import pytest
 import torch
 
 from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
 from p2p_diloco.core.data import BatchSampler
-from p2p_diloco.core.influence import APART_AFTER, APART_MOST, CLIP, START_ROUNDS, InfluenceBound
+from p2p_diloco.core.influence import APART_AFTER, APART_MOST, CLIP, MOMENTUM_CLIP, START_ROUNDS, InfluenceBound
 from p2p_diloco.core.island import Island
 from p2p_diloco.core.model import build_model
 from p2p_diloco.core.outer import PartnerState
@@ -219,3 +221,13 @@ def test_the_rounding_of_an_encoded_state_is_estimated_from_its_scales():
         assert codecs.rounding_error(enc) == pytest.approx(real, rel=0.05)
         assert codecs.rounding_error(enc[: x.numel() // 2]) == pytest.approx(real / 2 ** 0.5, rel=0.05)
     assert codecs.rounding_error(codecs.EncodedVector(codecs.encode(x, "fp32"), "fp32", x.numel())) == 0.0
+
+
+def test_a_momentum_x3_passes_the_order_of_magnitude_bound_and_is_mixed_at_the_learned_one(trained):
+    a, b, _, _ = trained
+    honest, tripled = float(b.state.m.norm()), 3 * float(b.state.m.norm())
+    assert a.influence.momentum(tripled, a.progress()) is None  # within 3 D / (1 - mu)
+    assert a.influence.momentum_scale(honest) == 1.0  # the honest partner's, as it came
+    scale = a.influence.momentum_scale(tripled)
+    assert scale * tripled == pytest.approx(MOMENTUM_CLIP * max(statistics.median(a.influence.momenta),
+                                                                a.influence.momenta[-1]))

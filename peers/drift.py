@@ -1,0 +1,113 @@
+"""A memory of what each partner's mixes moved this island: a slow drift is seen over time.
+
+Every bound of `core.influence` judges one state: how far it is, how large, how far back along
+the island's progress. A member that adds a fixed direction growing by half the median distance
+the gate accepts, a little more each round, passes each of them every time; the gate even learns
+its distances, and the loss probe sees nothing a single mix does (+1.9% on the worst honest
+island, BENCHMARKS.md "The quiet members"). What sets it apart is over time: honest partners'
+differences from this island come and go (each mix closes half of one, and each round opens a new
+one in a direction of its own), so the sum of what one partner's mixes moved the island stays
+within a few of its moves; a drift's keeps growing along one direction.
+
+So the island keeps, per partner, the sum `S` of what its mixes moved the anchor, less the part
+along the island's own progress (its momentum: a partner a version ahead pushes along it every
+time, and honestly), decayed by `DECAY` at each of that partner's mixes so that a member honest
+for long is not held to its distant past. A new state moving the anchor by `a c` is mixed with
+`a` at most `(DRIFT_ROUNDS x D - <S, c>/|c|) / |c|` (`D`: the island's own progress per round,
+`core.influence`): the sum's part along the new move, plus the move, stays within `DRIFT_ROUNDS`
+rounds; a state whose sum already reaches that is refused, said with the figures. A partner
+that keeps pushing one way (a drift, or honest data of another kind) is mixed ever more lightly,
+at most `DRIFT_ROUNDS x (1 - DECAY)` rounds per mix (0.4) once its sum reached the bound, however
+often it is mixed. (Decayed at each of the island's own rounds instead, a member mixed every
+third round kept 2.7 of the 4 rounds free at each of its mixes, and in a run of 12 rounds the cap
+cut none of the drift's mixes: `bench attack`'s first run of it, BENCHMARKS.md.)
+
+The vectors are kept as count sketches (`Sketcher`): `SKETCH_SIZE` numbers per partner, whatever
+the model's size, filled in the same pass over the state that measures it as it arrives
+(`peers.plausibility.measure`, on the gossip worker's thread). A sketch keeps inner products to
+about `1 / sqrt(SKETCH_SIZE)` of the product of the norms; its random signs are drawn afresh by
+every process, so no member can aim a direction at what they lose.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+
+import torch
+
+from p2p_diloco.core.params import CHUNK
+
+SKETCH_SIZE = 4096
+"""Numbers in a sketch (a power of two that divides `CHUNK`)."""
+STRIDE = 7919
+"""How far the buckets of one slice of `CHUNK` values are rotated from those of the slice before."""
+DRIFT_ROUNDS = 4.0
+"""Rounds of the island's own progress one partner's mixes may move it along one direction."""
+DECAY = 0.9
+"""What remains of a partner's sum at each of its mixes."""
+
+
+class Sketcher:
+    """Count sketches of flat vectors, a slice of `CHUNK` values at a time: the value at offset `e` of
+    slice `s` goes, times a random sign, to bucket `(e + STRIDE s) mod SKETCH_SIZE`."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        g = torch.Generator().manual_seed(secrets.randbits(62) if seed is None else seed)
+        self._signs = {torch.device("cpu"): torch.randint(0, 2, (CHUNK,), generator=g).float().mul_(2).sub_(1)}
+
+    def signs(self, device: torch.device) -> torch.Tensor:
+        if device not in self._signs:
+            self._signs[device] = self._signs[torch.device("cpu")].to(device)
+        return self._signs[device]
+
+    def add_(self, into: torch.Tensor, x: torch.Tensor, start: int) -> None:
+        """Add the sketch of the slice `x` of a vector, at offset `start` (a multiple of `CHUNK`), to `into`."""
+        n = x.numel()
+        part = x.float() * self.signs(x.device)[:n]
+        if n % SKETCH_SIZE:
+            part = torch.nn.functional.pad(part, (0, SKETCH_SIZE - n % SKETCH_SIZE))
+        buckets = part.view(-1, SKETCH_SIZE).sum(0, dtype=torch.float64).cpu()
+        into += buckets.roll((start // CHUNK * STRIDE) % SKETCH_SIZE)
+
+    @staticmethod
+    def empty() -> torch.Tensor:
+        return torch.zeros(SKETCH_SIZE, dtype=torch.float64)
+
+
+SKETCHER = Sketcher()
+"""The process's sketcher (its signs drawn at start-up)."""
+
+
+class DriftMemory:
+    """Per partner, what its mixes moved this island (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.pending: dict[str, torch.Tensor] = {}
+        """The move per unit weight of each partner's state admitted and not yet mixed."""
+
+    def along(self, peer: str, move: torch.Tensor) -> float:
+        """How far `peer`'s past mixes moved the island along `move`'s direction (anchor units)."""
+        past, size = self.sums.get(peer), float(move.norm())
+        return 0.0 if past is None or size == 0 else float(past @ move) / size
+
+    def judge(self, peer: str, move: torch.Tensor | None, d: float | None) -> tuple[float, float | None, str | None]:
+        """The most weight `peer`'s state, moving the anchor by `a move` (a sketch; None: not measured),
+        may be mixed with, how far its past mixes moved the island along it in rounds of progress `d`
+        (None: unknown), and why it is refused (None: it is not)."""
+        if move is None or not d:
+            return 1.0, None, None
+        size, past = float(move.norm()), self.along(peer, move) * DECAY
+        if past >= DRIFT_ROUNDS * d:
+            return 0.0, past / d, (f"drift: its earlier mixes moved this island {past / d:.1f} of its rounds of progress along "
+                         f"this state's direction, away from its own progress (bound {DRIFT_ROUNDS:g})")
+        self.pending[peer] = move
+        cap = math.inf if size == 0 else (DRIFT_ROUNDS * d - past) / size
+        return min(1.0, cap), past / d, None
+
+    def mixed(self, peer: str, weight: float) -> None:
+        """`peer`'s admitted state was mixed with `weight` (0: it was not)."""
+        move = self.pending.pop(peer, None)
+        if move is not None and weight > 0:
+            self.sums.setdefault(peer, Sketcher.empty()).mul_(DECAY).add_(move, alpha=weight)
