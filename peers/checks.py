@@ -2,9 +2,11 @@
 
 A state that arrived, fetched or pushed, is mixable only when its bytes checked out on the way
 (digests, sizes, finite values: `exchange.payload`), it is of this island's model and run
-(`peers.gossip.partner_state`), its distance from this island's anchor is plausible
+(`peers.gossip.partner_state`), with its claims (version, tokens) counted as far as they can be
+checked (`peers.claims`), its distance from this island's anchor is plausible
 (`peers.plausibility`), its momentum and its place along the island's progress keep the
-bounds of `core.influence` (which also bounds the weight it is mixed with); where the island has a
+bounds of `core.influence` (which also bounds the weight it is mixed with and its momentum), and
+what its sender's past mixes moved the island keeps the bound of `peers.drift`; where the island has a
 probe, a weight whose mix would raise a held-out loss is cut (`peers.probe`). A refused state is
 counted and logged, and its sender backs off, or is never chosen again (`PartnerChooser`). A state refused as too far while far ahead may mean that
 this island is the stale one: it then catches up from the freshest members on a thread of its own
@@ -88,12 +90,7 @@ class PartnerChecks:
             if isinstance(e, ForeignState):
                 info["foreign"] = e.kind
             return self.refuse(result.peer_id, str(e), info)
-        version, tokens, clipped = self.claims.count(self.outer.state.version, state.version, state.tokens)
-        if clipped is not None:
-            state, info["claims"] = replace(state, version=version, tokens=tokens), clipped
-            self._say_once("claims", result.peer_id, f"it claims more than this island can check ({clipped}; versions "
-                           f"at most {VERSION_AHEAD} ahead of the members' median, tokens at most {TOKEN_RATE:g} of "
-                           f"this island's rounds per version): counted as clipped")
+        state = self._counted(state, result.peer_id, info)
         measured, d = result.measured, self.outer.progress()  # (a pass over the weights before the first outer step)
         why = self.judge(state, measured, d)
         if why is not None:
@@ -105,17 +102,9 @@ class PartnerChecks:
             info["distance"] = round(measured.distance, 6)
             state = replace(state, gap=measured.trained)
             info.update(self.figures(measured, d))
-            cap, drift, why = self.drift.judge(result.peer_id, measured.move, d)
-            if drift is not None:
-                info["drift"] = round(drift, 3)
+            state, why = self._bounded(state, measured, d, result.peer_id, info)
             if why is not None:
                 return self.refuse(result.peer_id, why, info)
-            state = replace(state, cap=cap, m_scale=self.outer.influence.momentum_scale(measured.momentum))
-            if state.m_scale < 1:
-                self.momenta_scaled += 1
-                info["momentum_scaled"] = round(state.m_scale, 4)
-                self._say_once("momentum", result.peer_id, f"its momentum is {1 / state.m_scale:.2f} x the bound "
-                               f"learned from this island's own momenta; mixed at the bound")
         if self.probe is not None:  # what the mix would do (`peers.probe`)
             effect = self.probe.effect(state)
             if effect is not None and not math.isfinite(effect):
@@ -125,6 +114,34 @@ class PartnerChecks:
                 state = replace(state, cut=self.probe.cut(effect, result.peer_id))
         self.chooser.mixed(result.peer_id)
         return state, info
+
+    def _counted(self, state: PartnerState, peer_id: str, info: dict) -> PartnerState:
+        """`state` with its claims counted as far as this island can check them (`peers.claims`)."""
+        version, tokens, clipped = self.claims.count(self.outer.state.version, state.version, state.tokens)
+        if clipped is None:
+            return state
+        info["claims"] = clipped
+        self._say_once("claims", peer_id, f"it claims more than this island can check ({clipped}; versions at most "
+                       f"{VERSION_AHEAD} ahead of the members' median, tokens at most {TOKEN_RATE:g} of this "
+                       f"island's rounds per version): counted as clipped")
+        return replace(state, version=version, tokens=tokens)
+
+    def _bounded(self, state: PartnerState, measured: Measured, d: float | None, peer_id: str,
+                 info: dict) -> tuple[PartnerState, str | None]:
+        """`state` with its weight capped by what its sender's past mixes moved this island (`peers.drift`)
+        and its momentum by the island's own (`core.influence`), or why it is refused."""
+        cap, drift, why = self.drift.judge(peer_id, measured.move, d)
+        if drift is not None:
+            info["drift"] = round(drift, 3)
+        if why is not None:
+            return state, why
+        state = replace(state, cap=cap, m_scale=self.outer.influence.momentum_scale(measured.momentum))
+        if state.m_scale < 1:
+            self.momenta_scaled += 1
+            info["momentum_scaled"] = round(state.m_scale, 4)
+            self._say_once("momentum", peer_id, f"its momentum is {1 / state.m_scale:.2f} x the bound learned from "
+                           f"this island's own momenta; mixed at the bound")
+        return state, None
 
     def own_round(self, tokens: int) -> None:
         """One of this island's rounds ended, having trained `tokens`."""
