@@ -6,8 +6,7 @@ file (`--config FILE`) > the defaults below. Every field is documented right und
 take their defaults from these fields, so a default is written once, here.
 
 Plain Python on purpose (no torch): the CLI, the dashboard and discovery build configs without
-loading the training core. The names the sections accept (codecs, discovery kinds, model presets)
-are constants in `p2p_diloco.choices`; the simulator's own section lives with it (`sim.config`).
+loading the training core. Accepted names live in `p2p_diloco.choices`; the simulator's section in `sim.config`.
 """
 
 from __future__ import annotations
@@ -90,17 +89,15 @@ class TrainConfig:
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value (0 disables clipping)."""
     seed: int = 0
-    """Seed for model initialisation and data order: islands of one run share it, and with it their
-    initial weights."""
+    """Seed for model initialisation and data order: islands of one run share it, and their initial weights."""
     threads: int = 1
-    """torch threads of the island's process (one per island, so islands sharing a machine do not
-    compete for its cores)."""
+    """torch threads of the island's process (one per island: islands sharing a machine share its cores)."""
     device: str = "auto"
     """Where the model, inner optimizer and outer state live: auto|cpu|cuda|cuda:N|mps. Its syntax is
     checked here; whether it is there, before anything starts (`core.device.resolve_device`)."""
     precision: str = "fp32"
-    """`bf16`: the forward and backward pass under bf16 autocast (faster on accelerators); weights and
-    optimizer state stay fp32, so the outer state and what islands exchange do not change."""
+    """`bf16`: forward and backward under bf16 autocast (faster on accelerators); weights and optimizer
+    state stay fp32, and so do the outer state and what islands exchange."""
     shard: str = "replicate"
     """Under torchrun: `replicate` (DDP, the whole model on every rank) or `fsdp` (FSDP2, a shard each)."""
     compile: str = "auto"

@@ -29,7 +29,7 @@ from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.discovery.records import label_among
 from p2p_diloco.errors import ForeignState, TransportError
-from p2p_diloco.peers.claims import TOKEN_RATE, VERSION_AHEAD, ClaimBounds
+from p2p_diloco.peers.claims import TOKEN_RATE, VERSION_AHEAD, ClaimBounds, median_version
 from p2p_diloco.peers.drift import DriftMemory
 from p2p_diloco.peers.gossip import FetchResult, partner_state
 from p2p_diloco.peers.identity import Identity
@@ -52,8 +52,7 @@ class PartnerChecks:
         self.probe = None if probe_fn is None else EffectProbe(outer, probe_fn)
         """Judges a state by its mix's effect on a held-out loss, after every other check (None: not)."""
         self.gate = PlausibilityGate()
-        self.claims = ClaimBounds(lambda: [r.version for r in self.source.membership.members().values()
-                                           if r.state == "training"])
+        self.claims = ClaimBounds(lambda: median_version(self.source.membership.members()))
         self.catch_up: CatchUp | None = None
         """The download of the freshest states, while this island catches up."""
         self.drift = DriftMemory()

@@ -30,7 +30,9 @@ A claim out of bounds is clipped to the bound, counted (`clipped`; the summary's
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
+
+from p2p_diloco.discovery.records import IslandRecord
 
 VERSION_AHEAD = 1
 """Versions a partner may be counted ahead of this island and of the members' median."""
@@ -38,12 +40,18 @@ TOKEN_RATE = 1.25
 """A partner's tokens per version counted, at most, in rounds of this island's own tokens."""
 
 
+def median_version(members: Mapping[str, IslandRecord]) -> int | None:
+    """The median version of the training members' records (the upper one of an even count; None: none)."""
+    versions = sorted(r.version for r in members.values() if r.state == "training")
+    return versions[len(versions) // 2] if versions else None
+
+
 class ClaimBounds:
     """Bounds on partners' claims for one island (see the module docstring)."""
 
-    def __init__(self, swarm_versions: Callable[[], Iterable[int]]) -> None:
-        """`swarm_versions()`: the versions of the training members' records."""
-        self.swarm_versions = swarm_versions
+    def __init__(self, swarm_median: Callable[[], int | None]) -> None:
+        """`swarm_median()`: the training members' median version (`median_version`; None: no record)."""
+        self.swarm_median = swarm_median
         self.round_tokens = 0
         """The most tokens this island trained in one of its rounds (0: none yet)."""
         self.clipped = 0
@@ -53,9 +61,8 @@ class ClaimBounds:
         self.round_tokens = max(self.round_tokens, int(tokens))
 
     def version_bound(self, own_version: int) -> int:
-        versions = sorted(self.swarm_versions())
-        median = versions[len(versions) // 2] if versions else own_version
-        return max(own_version, median) + VERSION_AHEAD
+        median = self.swarm_median()
+        return max(own_version, own_version if median is None else median) + VERSION_AHEAD
 
     def count(self, own_version: int, version: int, tokens: int) -> tuple[int, int, str | None]:
         """A partner's claimed `version` and `tokens` as counted, and what was clipped (None: nothing)."""

@@ -23,6 +23,7 @@ from p2p_diloco.discovery.membership import Membership
 from p2p_diloco.discovery.records import label_among
 from p2p_diloco.peers.alone import AloneWatch, Link
 from p2p_diloco.peers.checks import PartnerChecks
+from p2p_diloco.peers.claims import median_version
 from p2p_diloco.peers.fetchchoice import FetchChoice
 from p2p_diloco.peers.gossip import FetchResult, GossipWorker
 from p2p_diloco.peers.identity import Identity
@@ -73,8 +74,7 @@ class Round:
 
     @classmethod
     def begin(cls, same_version_wait: float, last_compute_s: float) -> Round:
-        """A round starting now, that waits for a partner in step for `same_version_wait` of the
-        previous round's inner-step time `last_compute_s`."""
+        """A round starting now: it waits `same_version_wait` of `last_compute_s` for a partner in step."""
         now = time.monotonic()
         return cls(start=now, fresh_until=now + same_version_wait * last_compute_s, next_try=now, last_announce=now)
 
@@ -112,8 +112,7 @@ class Rounds:
         """The weights changed outside an inner step (a mix, a catch-up): torchrun ranks must sync."""
         self.choice = FetchChoice(publisher.exchange, identity.name, identity.peer_id, publisher.at_start)
         """What each fetch asks for (`--exchange auto`: whole states or updates, from the link)."""
-        self.last_round_s = 0.0
-        """How long the previous round took, start to end."""
+        self.last_round_s = 0.0  # how long the previous round took, start to end
         self.finished = 0
         """Rounds finished."""
         self._last_mix: tuple[str | None, int] = (None, 0)
@@ -318,13 +317,12 @@ class Rounds:
         return info
 
     def _follow_swarm(self, partner_version: int, weight: float, after_step: int = 0) -> None:
-        """After a mix, take a partner's version that is far ahead as far as most members' records
-        confirm it (their median): an island resumed behind the swarm catches up at once, while one
-        false claim still moves it by at most `max_version_jump` (`core.outer.mix_counters_`)."""
-        versions = sorted(r.version for r in self.membership.members().values() if r.state == "training")
-        if weight > 0 and versions:
+        """After a mix, follow a partner far ahead as far as the members' median confirms: an island resumed
+        behind catches up at once; one false claim moves it by `max_version_jump` at most (`core.outer`)."""
+        median = median_version(self.membership.members())
+        if weight > 0 and median is not None:
             s = self.outer.state
-            s.version = max(s.version, min(partner_version + after_step, versions[len(versions) // 2] + after_step))
+            s.version = max(s.version, min(partner_version, median) + after_step)
 
     def _mix_pushed(self) -> None:
         """Mix a state an outbound-only member pushed to us (`peers.reach`): between inner steps, or at

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from statistics import fmean, stdev
 
 from p2p_diloco.bench.swarm import rounds
 from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
@@ -95,23 +96,18 @@ def _diverged(run_dir: Path, names: list[str]) -> int:
                if (run_dir / f"{n}.log").exists())
 
 
-def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs)
-
-
 def _spread(xs: list[float]) -> float:
     """The sample standard deviation (0 for one value)."""
-    m = _mean(xs)
-    return (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else 0.0
+    return stdev(xs) if len(xs) > 1 else 0.0
 
 
 def judged(losses: list[list[float]], clean_mean: float) -> dict:
     """The runs of one kind (each the honest islands' losses) against the clean runs' mean: the mean
     over every honest island of every run, the mean over runs of each run's worst honest island,
     and the spread of the runs' means, each relative to the clean mean."""
-    means, worst = [_mean(run) for run in losses], [max(run) for run in losses]
-    return {"mean": _mean(means), "ratio_to_clean_mean": _mean(means) / clean_mean,
-            "worst_ratio_to_clean_mean": _mean(worst) / clean_mean, "spread": _spread(means) / clean_mean}
+    means, worst = [fmean(run) for run in losses], [max(run) for run in losses]
+    return {"mean": fmean(means), "ratio_to_clean_mean": fmean(means) / clean_mean,
+            "worst_ratio_to_clean_mean": fmean(worst) / clean_mean, "spread": _spread(means) / clean_mean}
 
 
 def run_bench_attack(kinds: tuple[str, ...] = KINDS, honest: int = 3, tokens: int = TOKENS_PER_ISLAND,
@@ -159,7 +155,7 @@ def run_bench_attack(kinds: tuple[str, ...] = KINDS, honest: int = 3, tokens: in
             f["member_states_refused"] += refused_mid_round + sum(1 for r in rows if r.get("refused"))
             f["member_states_mixed"] += sum(1 for r in rows if r.get("weight"))
             f["member_mixes_bounded"] += sum(1 for r in rows if r.get("weight") and r.get("bounded"))
-    clean_mean = _mean([_mean(run) for run in clean])
+    clean_mean = fmean([fmean(run) for run in clean])
     c = judged(clean, clean_mean)
     out = {"honest": honest, "tokens_per_island": tokens, "runs": runs, "clean_eval_loss": clean,
            "clean_mean": clean_mean, "clean_worst_ratio_to_clean_mean": c["worst_ratio_to_clean_mean"],

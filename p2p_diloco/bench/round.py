@@ -69,6 +69,7 @@ import time
 from typing import Any, Callable
 
 from p2p_diloco.bench.memory import PeakMeter
+from p2p_diloco.bench.yardsticks import clone_seconds, probe_cost, timed
 
 DEFAULT_PARAMS = (1_000_000, 12_000_000, 124_000_000)
 """Model sizes measured by default: the tiny demo model's order, 10x that, GPT-2 small."""
@@ -96,8 +97,8 @@ travelled; 2.25 more for an exchange that keeps a public state: itself, one fp32
 weights, the updates it keeps for partners behind, up to its bytes again (`core.public`), and the
 next update while the oldest is dropped (BENCHMARKS.md, "Slow links"); plus one for each state the
 snapshot copies (`snapshot_copies`: the publisher's host buffers, reused every round, the price of
-a round's end that does not wait for the encoding; BENCHMARKS.md, "Every second trains"); and overhead per parameter
-"roughly flat", read as: the largest and smallest ns/param of the sizes measured within a factor
+a round's end that does not wait for the encoding; BENCHMARKS.md, "Every second trains"); and
+overhead per parameter "roughly flat", read as: the largest and smallest ns/param of the sizes measured within a factor
 of 2."""
 PIECES = ("snapshot", "publish", "fetch", "measure", "mix", "outer")
 
@@ -162,15 +163,6 @@ def serve_partner(model: Any, network: Any, fp: str) -> Any:
     return server
 
 
-def _timed(fn: Callable[[], Any], sync: Callable[[], None] = lambda: None) -> tuple[Any, float]:
-    """`fn()` and its seconds, up to `sync()` (the device's queued work done)."""
-    sync()
-    t0 = time.perf_counter()
-    out = fn()
-    sync()
-    return out, time.perf_counter() - t0
-
-
 def one_round(outer: Any, publisher: Any, endpoint: str, network: Any, fp: str, meter: PeakMeter) -> dict:
     """Publish, fetch, mix, outer step, as an island's round does after its inner steps: each
     piece's seconds and its peak memory above the baseline."""
@@ -185,17 +177,17 @@ def one_round(outer: Any, publisher: Any, endpoint: str, network: Any, fp: str, 
     def mark(piece: str, s: float) -> None:
         seconds[piece], peaks[piece] = s, meter.take()
 
-    mark("snapshot", _timed(lambda: publisher.publish(publish_parts(publisher.exchange)), sync)[1])
-    mark("publish", _timed(publisher.flush, sync)[1])  # (the publishing thread's: overlapped in an island)
-    snap, s = _timed(lambda: fetch_encoded(endpoint, network), sync)
+    mark("snapshot", timed(lambda: publisher.publish(publish_parts(publisher.exchange)), sync)[1])
+    mark("publish", timed(publisher.flush, sync)[1])  # (the publishing thread's: overlapped in an island)
+    snap, s = timed(lambda: fetch_encoded(endpoint, network), sync)
     mark("fetch", s)
-    mark("measure", _timed(lambda snap=snap: measure_state(outer.state.phi, snap.tensors["phi"], outer.state.m,
+    mark("measure", timed(lambda snap=snap: measure_state(outer.state.phi, snap.tensors["phi"], outer.state.m,
                                                            snap.tensors.get("m")), sync)[1])
-    weight, s = _timed(lambda snap=snap: outer.mix_arrived(partner_state(snap, numel, fp)), sync)
+    weight, s = timed(lambda snap=snap: outer.mix_arrived(partner_state(snap, numel, fp)), sync)
     assert weight > 0, "the partner must be mixed, or mix_s would time nothing"
     del snap  # mixed: the island keeps nothing of it
     mark("mix", s)
-    mark("outer", _timed(lambda: outer.end_round([], tokens=ROUND_TOKENS), sync)[1])
+    mark("outer", timed(lambda: outer.end_round([], tokens=ROUND_TOKENS), sync)[1])
     return {"seconds": seconds, "peaks": peaks}
 
 
@@ -235,47 +227,6 @@ def fetch_encoded(endpoint: str, network: Any) -> Any:
 
     with Fetcher(endpoint, network) as fetcher:
         return fetcher.fetch(FETCH_TIMEOUT_S, decode=False)
-
-
-def probe_cost(model: Any, optimizer: Any, outer: Any, shape: dict[str, int], repeat: int = 2) -> dict[str, float]:
-    """One probe of a partner's mix (`peers.probe`: two evaluations and two passes over the weights)
-    against one inner step (forward, backward, AdamW), both on one sequence of the model's block,
-    side by side on the same model: the fastest of `repeat` each. A probe batch has as many
-    sequences as a training batch (16), so `probe_vs_step` is what a mix's probe costs in inner steps."""
-    import torch
-
-    from p2p_diloco.core.device import synchronize
-    from p2p_diloco.core.inner import evaluate
-    from p2p_diloco.core.outer import PartnerState
-    from p2p_diloco.peers.probe import EffectProbe
-
-    device = outer.state.phi.device
-    sync = functools.partial(synchronize, device)
-    x = torch.randint(shape["vocab_size"], (1, shape["block_size"] + 1), device=device)
-    batch = [(x[:, :-1], x[:, 1:])]
-    probe = EffectProbe(outer, lambda: evaluate(model, batch))
-    partner = PartnerState(outer.state.phi * 1.001, None, outer.state.version, outer.state.tokens)
-
-    def step() -> None:
-        model(*batch[0])[1].backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=False)
-
-    probe_s = min(_timed(lambda: probe.effect(partner), sync)[1] for _ in range(repeat))
-    step_s = min(_timed(step, sync)[1] for _ in range(repeat))
-    return {"probe_s": probe_s, "step_s": step_s, "probe_vs_step": probe_s / step_s}
-
-
-def clone_seconds(phi: Any, repeat: int = 3) -> float:
-    """Median seconds of one fresh `phi.clone()` (each clone freed before the next), where `phi` lives."""
-    from p2p_diloco.core.device import synchronize
-
-    times = []
-    for _ in range(repeat):
-        copy, s = _timed(phi.clone, functools.partial(synchronize, phi.device))
-        times.append(s)
-        del copy
-    return statistics.median(times)
 
 
 def measure(params: int, threads: int = 1, repeat: int = REPEAT, exchange: str = "state",
@@ -335,7 +286,8 @@ def _row(params: int, clone_s: float, rounds: list[dict], peak: int, copies: int
     state = 4 * params
     return {"params": params, "state_bytes": state, "clone_s": clone_s,
             **{f"{p}_s": piece[p] for p in PIECES}, "overhead_s": overhead,
-            "blocked_s": piece["snapshot"] + piece["outer"], "background_s": piece["publish"] + piece["fetch"] + piece["measure"],
+            "blocked_s": piece["snapshot"] + piece["outer"],
+            "background_s": piece["publish"] + piece["fetch"] + piece["measure"],
             "snapshot_copies": copies, "peak_extra_bytes": peak,
             "overhead_per_param_ns": overhead / params * 1e9, "overhead_vs_clone": overhead / clone_s,
             "peak_extra_vs_state": peak / state}

@@ -8,7 +8,8 @@ import torch
 from p2p_diloco.bench.attack import judged
 from p2p_diloco.core.influence import MOMENTUM_CLIP, InfluenceBound
 from p2p_diloco.core.params import CHUNK
-from p2p_diloco.peers.claims import TOKEN_RATE, VERSION_AHEAD, ClaimBounds
+from p2p_diloco.discovery.records import IslandRecord
+from p2p_diloco.peers.claims import TOKEN_RATE, VERSION_AHEAD, ClaimBounds, median_version
 from p2p_diloco.peers.drift import DECAY, DRIFT_ROUNDS, DriftMemory, Sketcher
 from p2p_diloco.peers.plausibility import measure
 
@@ -16,8 +17,12 @@ N = 2 * CHUNK + 12_345  # three slices, the last one short
 
 
 def test_honest_claims_are_counted_as_they_are_and_a_false_one_is_clipped():
-    swarm = [40, 41, 41, 1041]  # the members' records: one lies, the median does not follow it
-    claims = ClaimBounds(lambda: swarm)
+    # the members' records: one lies, the median does not follow it; a joining one does not count
+    swarm = {f"p{i}": IslandRecord(peer_id=f"p{i}", endpoint="tcp://127.0.0.1:1", version=v, state="training")
+             for i, v in enumerate([40, 41, 41, 1041])}
+    swarm["new"] = IslandRecord(peer_id="new", endpoint="tcp://127.0.0.1:1", version=5000, state="joining")
+    assert median_version(swarm) == 41 and median_version({}) is None
+    claims = ClaimBounds(lambda: median_version(swarm))
     # before its first round it knows no tokens per round: the version alone is bounded
     assert claims.count(41, 2000, 10**9) == (42, 10**9, "version 2000 counted as 42")
     claims.own_round(1000)  # this island trains 1000 tokens a round
