@@ -65,7 +65,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from typing import Any, Callable
 
 from p2p_diloco.bench.memory import PeakMeter
@@ -98,8 +97,8 @@ weights, the updates it keeps for partners behind, up to its bytes again (`core.
 next update while the oldest is dropped (BENCHMARKS.md, "Slow links"); plus one for each state the
 snapshot copies (`snapshot_copies`: the publisher's host buffers, reused every round, the price of
 a round's end that does not wait for the encoding; BENCHMARKS.md, "Every second trains"); and
-overhead per parameter "roughly flat", read as: the largest and smallest ns/param of the sizes measured within a factor
-of 2."""
+overhead per parameter "roughly flat", read as: the largest and smallest ns/param of the sizes
+measured within a factor of 2."""
 PIECES = ("snapshot", "publish", "fetch", "measure", "mix", "outer")
 
 
@@ -182,7 +181,7 @@ def one_round(outer: Any, publisher: Any, endpoint: str, network: Any, fp: str, 
     snap, s = timed(lambda: fetch_encoded(endpoint, network), sync)
     mark("fetch", s)
     mark("measure", timed(lambda snap=snap: measure_state(outer.state.phi, snap.tensors["phi"], outer.state.m,
-                                                           snap.tensors.get("m")), sync)[1])
+                                                          snap.tensors.get("m")), sync)[1])
     weight, s = timed(lambda snap=snap: outer.mix_arrived(partner_state(snap, numel, fp)), sync)
     assert weight > 0, "the partner must be mixed, or mix_s would time nothing"
     del snap  # mixed: the island keeps nothing of it

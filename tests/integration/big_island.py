@@ -2,8 +2,9 @@
 
 Run by `test_big_island.py` as a process: a few inner steps on a tiny batch (one of four fixed
 random sequences) per round, so the state (124M fp32 values, 497 MB; 125 MB on the wire in int8)
-is what is exercised, not the compute. The exchange is pinned to whole states: `auto` may fetch public-state updates,
-which would leave the whole state's path untested. Prints the island's summary as one JSON line.
+is what is exercised, not the compute. The exchange is pinned to whole states (`auto` may fetch
+public-state updates, and leave the whole state's path untested). Prints the island's summary as
+one JSON line.
 """
 
 import json
@@ -29,8 +30,10 @@ def main(run_dir: str, rendezvous: str, name: str) -> None:
     pool = torch.randint(0, GPT2_VOCAB, (4, 17), generator=torch.Generator().manual_seed(0))
     data = torch.Generator().manual_seed(zlib.crc32(name.encode()))
     island_cfg = IslandConfig(run_dir=run_dir, name=name, max_rounds=3, wait_for=2, quiet=True, checkpoint_every=100)
-    with p2p_diloco.join(model, optimizer, discovery=DiscoveryConfig(bootstrap=(rendezvous,), discovery="zmq", run_id="big"),
-                         island=island_cfg, diloco=DiLoCoConfig(local_steps=3, exchange="state"), tokens_per_step=16) as island:
+    discovery = DiscoveryConfig(bootstrap=(rendezvous,), discovery="zmq", run_id="big")
+    diloco = DiLoCoConfig(local_steps=3, exchange="state")
+    with p2p_diloco.join(model, optimizer, discovery=discovery, island=island_cfg, diloco=diloco,
+                         tokens_per_step=16) as island:
         while not island.done:
             x = pool[torch.randint(len(pool), (1,), generator=data)]
             _, loss = model(x[:, :-1], x[:, 1:])
