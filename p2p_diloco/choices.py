@@ -36,7 +36,7 @@ COMPILES = ("auto", "on", "off")
 SHARDS = ("replicate", "fsdp")
 """How a torchrun island holds its model: whole on every rank (DDP) or sharded over them (FSDP2, `peers.sharding`)."""
 POISONS = ("nan", "scale", "random", "other-run", "momentum", "inflate", "stuck", "reverse", "noise", "claims",
-           "momentum-x3", "drift")
+           "momentum-x3", "drift", "alie", "ipm")
 """What a hostile test double publishes (`bench member --poison`, `p2p_diloco.bench.member`)."""
 HONEST_MEMBERS = ("slow", "other-data")
 """Members of `bench attack` that differ from the others honestly: 10x slower, or on another corpus."""

@@ -45,7 +45,7 @@ def join(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
       at the end, shown by `status` and the dashboard.
     - `probe_fn() -> float`: the model's loss over a few fixed held-out batches other than
       `eval_fn`'s; with it, a partner's state is mixed only when its mix does not raise that loss
-      (`peers.probe`: it catches stuck, replayed and reversed training that distance bounds miss).
+      (`peers.admission.probe`: it catches stuck, replayed and reversed training that distance bounds miss).
     - `tokens_per_step`: tokens of one inner step on this process when `step()` is not told.
     - Under torchrun, wrap the model in DDP, or shard it with `fully_shard` (FSDP2: the root module
       too) and build the optimizer after, as usual. A sharded island's rank 0 keeps a full-size copy

@@ -36,7 +36,8 @@ from p2p_diloco.core.public import PublicCopies, PublicCopy, Update, mixed_share
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.errors import BadPayload, CodecError, FetchCancelled, ForeignState, TransportError
 from p2p_diloco.exchange.linkemu import EmulatedLink
-from p2p_diloco.peers.plausibility import Measured
+from p2p_diloco.peers.admission.plausibility import Measured
+from p2p_diloco.peers.identity import Identity
 
 if TYPE_CHECKING:
     from p2p_diloco.exchange.client import Fetcher
@@ -55,7 +56,7 @@ class FetchResult:
     waited_s: float = 0.0
     """How long the worker waited for the partner to publish the version asked for, before the transfer."""
     measured: Measured | None = None
-    """What `measure` said of the state (`peers.plausibility`), computed on the worker's thread."""
+    """What `measure` said of the state (`peers.admission.plausibility`), computed on the worker's thread."""
     bad_state: bool = False
     """The failure was the partner's state itself (digests, sizes, non-finite values), not the link."""
     pushed: bool = False
@@ -81,7 +82,7 @@ class GossipWorker:
         """`push_source()`: this island's latest (manifest, payload) to push, for an outbound-only
         island (else None); `relay`: the bootstrap's relay endpoint, if it runs one; `copies`: the
         partners' public states held (`exchange="updates"`), and `measure_public(copy)` measures one
-        (`peers.plausibility.measure`)."""
+        (`peers.admission.plausibility.measure`)."""
         self.network, self.secret, self.timeout_s, self.measure = network, secret, timeout_s, measure
         self.link = link
         """A WAN link to emulate for what this island's fetches send (benchmarks and tests)."""
@@ -311,10 +312,8 @@ def partner_state(snap, expected_numel: int, model: str = "", run: str = "", pub
     updates come in fragments); the momentum stays local.
     """
     t, meta = snap.tensors, snap.meta
-    for key, ours, what in (("model", model, "another model (fingerprint"), ("run", run, "another run (initial weights")):
-        theirs = str(meta.get(key, ""))
-        if ours and theirs and theirs != ours:
-            raise ForeignState(f"snapshot from {snap.endpoint} is for {what} {theirs[:16]}, this island's {ours})", key)
+    if (foreign := Identity("", "", model, run).foreign(meta)) is not None:
+        raise ForeignState(f"snapshot from {snap.endpoint} is for {foreign[1]}", foreign[0])
     if public is not None:
         if public.pub.numel() != expected_numel or own_public is None:
             raise TransportError(f"the public state of {snap.endpoint} does not fit this model ({public.pub.numel()} "

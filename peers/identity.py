@@ -21,6 +21,16 @@ class Identity:
     run: str
     """The digest of the run's initial weights (`core.params.weights_digest`): states of another run are refused."""
 
+    def foreign(self, meta: dict, strict: bool = False) -> tuple[str, str] | None:
+        """(`model` or `run`, why) when a manifest's `meta` names another model or run than this
+        island's (None: it does not); `strict`: a manifest that names none is foreign too (a push)."""
+        for key, ours, what in (("model", self.model, "another model (fingerprint"),
+                                ("run", self.run, "another run (initial weights")):
+            theirs = str(meta.get(key, ""))
+            if ours and (theirs or strict) and theirs != ours:
+                return key, f"{what} {theirs[:16]}, this island's {ours})"
+        return None
+
     def meta(self) -> dict[str, str]:
         """What every manifest this island publishes says of it."""
         return {"peer_id": self.peer_id, "model": self.model, "run": self.run}

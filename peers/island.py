@@ -40,7 +40,6 @@ from p2p_diloco.errors import CheckpointError
 from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.peers import checkpoint
 from p2p_diloco.peers.alone import AloneWatch
-from p2p_diloco.peers.checks import PartnerChecks
 from p2p_diloco.peers.distributed import CARRY_ON, NEW_ROUND, STOP, SYNC, IntraIsland
 from p2p_diloco.peers.divergence import DivergenceGuard
 from p2p_diloco.peers.gossip import GossipWorker
@@ -48,13 +47,16 @@ from p2p_diloco.peers.identity import Identity
 from p2p_diloco.peers.island_reports import IslandReports
 from p2p_diloco.peers.metrics import LinkRates, MetricsLog, summary_line
 from p2p_diloco.peers.partners import PartnerChooser
-from p2p_diloco.peers.plausibility import measure
+from p2p_diloco.peers.admission.admission import Admission
+from p2p_diloco.peers.admission.plausibility import measure
+from p2p_diloco.peers.admission.registry import build_checks
 from p2p_diloco.peers.publishing import Publisher
 from p2p_diloco.peers.reach import Door, PushInbox, check_reach
 from p2p_diloco.peers.reporting import StepLosses, loss_of
 from p2p_diloco.peers.rounds import ANNOUNCE_EVERY_S, Rounds, Tally
 from p2p_diloco.peers.rundir import RunDirLock
-from p2p_diloco.peers.state import DISCOVERY_SETTLE_S, STALE_LAG, ModelExtras, StateSource, resume
+from p2p_diloco.peers.parts import IslandParts
+from p2p_diloco.peers.state import DISCOVERY_SETTLE_S, STALE_LAG, CatchingUp, ModelExtras, StateSource, resume
 from p2p_diloco.peers.timebook import TimeBook
 
 log = logging.getLogger(__name__)
@@ -70,15 +72,17 @@ class SwarmIsland(IslandReports):
                  discovery: DiscoveryConfig | None = None, island: IslandConfig | None = None,
                  eval_fn: Any = None, extra_state: Any = None, tokens_per_step: int = 1,
                  group: IntraIsland | None = None, link: EmulatedLink | None = None, probe_fn: Any = None,
-                 stopped: Callable[[], bool] = lambda: False) -> None:
+                 stopped: Callable[[], bool] = lambda: False, parts: IslandParts | None = None) -> None:
         """`link`: a WAN link to emulate for what this island sends (`bench member`, demos and tests);
-        `stopped()`: asked to stop while the island waits for a bootstrap node, before `stop()` exists."""
+        `stopped()`: asked to stop while the island waits for a bootstrap node, before `stop()` exists;
+        `parts`: how its parts are built and which checks partners' states get (`peers.parts`)."""
         from p2p_diloco.exchange.server import SnapshotServer
 
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.diloco, self.network = diloco or DiLoCoConfig(), network or NetworkConfig()
         self.exchange = exchange_mode(self.diloco.exchange, self.diloco.update_codec, self.diloco.fragments)
         self.cfg = island or IslandConfig()
+        parts = parts or IslandParts()
         self.eval_fn, self.extra_state, self.group = eval_fn, extra_state, group
         self.world = 1 if group is None else group.world
         self.tokens_per_step = tokens_per_step
@@ -97,18 +101,18 @@ class SwarmIsland(IslandReports):
             raise
         try:
             self.peer_id = self.membership.peer_id
-            self.outer = OuterLoop(self.peer_id, model, self.diloco)
+            self.outer = OuterLoop(self.peer_id, model, self.diloco, parts.admission.bounds)
             # the initial weights name the run
             self.identity = Identity(self.peer_id, island_label(self.cfg.name, self.peer_id), fingerprint(model),
                                      weights_digest(self.outer.state.phi))
         except BaseException:
             self.membership.shutdown(), self.server.close(), self._run_dir.release()
             raise
-        self.publisher = Publisher(self.server, self.outer, self.exchange, self.identity)
+        self.publisher = parts.publisher(self.server, self.outer, self.exchange, self.identity)
         self.source = StateSource(self.identity, self.outer, self.membership, self.network, discovery.secret,
                                   lambda: self._stop_asked, relay=self.reach.relay)
         self.guard = DivergenceGuard(self.name, self.outer, optimizer, scheduler,
-                                     on_blame=lambda peer, why: self.checks.refuse(peer, why, {}))
+                                     on_blame=lambda peer, why: self.admission.refuse(peer, why))
         self.gossip = GossipWorker(self.network, secret=discovery.secret, timeout_s=self.network.fetch_timeout_s,
                                    measure=lambda snap: measure(self.outer.state.phi, snap.tensors["phi"],
                                                                 self.outer.state.m, snap.tensors.get("m")),
@@ -117,13 +121,18 @@ class SwarmIsland(IslandReports):
         self.chooser = PartnerChooser(self.peer_id, self.diloco.max_staleness, model=self.identity.model,
                                       relay=self.reach.relay is not None, rng=random.Random(self.peer_id),
                                       ring=self.exchange.ring)
-        self.checks = PartnerChecks(self.identity, self.outer, self.chooser, self.publisher, self.source,
-                                    None if probe_fn is None else lambda: self.timebook.timed("probe", probe_fn))
+        self.catching_up = CatchingUp(self.name, self.source, lambda: (self.publisher.restart_public(),
+                                                                       self.admission.restart()))
+        checks = build_checks(parts.admission, self.outer,
+                              None if probe_fn is None else lambda: self.timebook.timed("probe", probe_fn), parts.checks)
+        self.admission = Admission(checks, self.identity, self.outer, self.chooser, self.publisher,
+                                   lambda: self.membership.members(), stale_lag=STALE_LAG,
+                                   catch_up=lambda peer, v: self.catching_up.start(peer, v, self.rounds.label(peer)))
         self.tally, self.alone = Tally(), AloneWatch(self.name, bootstrap=bool(discovery.bootstrap),
                                                      outbound=self.reach.mode == "outbound", relay=self.reach.relay is not None)
         self.rounds = Rounds(identity=self.identity, outer=self.outer, diloco=self.diloco, island=self.cfg,
                              network=self.network, membership=self.membership, gossip=self.gossip,
-                             chooser=self.chooser, checks=self.checks, inbox=self.inbox, publisher=self.publisher,
+                             chooser=self.chooser, admission=self.admission, catching_up=self.catching_up, inbox=self.inbox, publisher=self.publisher,
                              tally=self.tally, alone=self.alone, stopped=lambda: self._stop_asked)
         self.metrics = MetricsLog(self.cfg.run_dir)
         (self.cfg.run_dir / "island.json").write_text(json.dumps({"peer_id": self.peer_id, "name": self.name,

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from p2p_diloco.core.island import OuterLoop
     from p2p_diloco.exchange.server import SnapshotServer
     from p2p_diloco.peers.alone import AloneWatch
-    from p2p_diloco.peers.checks import PartnerChecks
+    from p2p_diloco.peers.admission.admission import Admission
     from p2p_diloco.peers.gossip import GossipWorker
     from p2p_diloco.peers.identity import Identity
     from p2p_diloco.peers.metrics import LinkRates, MetricsLog
@@ -43,7 +43,7 @@ class IslandReports:
     publisher: Publisher
     rounds: Rounds
     tally: Tally
-    checks: PartnerChecks
+    admission: Admission
     alone: AloneWatch
     reach: Reach
     link_rates: LinkRates
@@ -77,7 +77,7 @@ class IslandReports:
         t = self.tally
         return {"peer_id": self.peer_id, "name": self.name, "version": self.version, "round": self.round,
                 "tokens": self.own_tokens, "partner": t.last_partner, "staleness": t.last_staleness,
-                "mixes": t.mixes, "refused": self.checks.refused, "failed_fetches": t.failed, "too_stale": t.too_stale,
+                "mixes": t.mixes, "refused": self.admission.refused, "failed_fetches": t.failed, "too_stale": t.too_stale,
                 "alone": self.alone.reason, "fetches": self.rounds.choice.describe(), "bytes_in": t.bytes_in,
                 "bytes_out": self.bytes_out,
                 "loss": self.last_loss, "eval_loss": self.eval_loss, "state": self.state, "reach": self.reach.mode}
@@ -92,9 +92,9 @@ class IslandReports:
     def _summary(self) -> dict[str, Any]:
         return {"peer_id": self.peer_id, "name": self.name, "initial_loss": self.initial_loss,
                 "eval_loss": self.eval_loss, "version": self.version, "tokens": self.own_tokens,
-                "rounds": self.round, "mixes": self.tally.mixes, "refused": self.checks.refused,
-                "bounded": self.outer.influence.clipped, "claims_clipped": self.checks.claims.clipped,
-                "momenta_scaled": self.checks.momenta_scaled,
+                "rounds": self.round, "mixes": self.tally.mixes, "refused": self.admission.refused,
+                "bounded": self.admission.counts["bounded"], "claims_clipped": self.admission.counts["claims"],
+                "momenta_scaled": self.admission.counts["momentum_scaled"],
                 "failed_fetches": self.tally.failed, "too_stale": self.tally.too_stale,
                 "fetched": dict(self.tally.fetched),
                 "alone": self.alone.reason, "alone_episodes": self.alone.episodes, "utilization": self.utilization(),
@@ -115,7 +115,7 @@ class IslandReports:
                             tokens_per_s=tokens_per_s, loss=self.last_loss, eval_loss=self.eval_loss,
                             state=self.state, upload_bps=up, download_bps=down, bytes_sent=sent,
                             bytes_received=self.tally.bytes_in, last_partner=self.tally.last_partner,
-                            refused=self.checks.refused, last_refused=self.checks.last_refused,
+                            refused=self.admission.refused, last_refused=self.admission.last_refused,
                             alone=self.alone.reason or "", fetches=self.rounds.choice.describe(),
                             fetched_from=fetched_from, fetched_bps=fetched_bps,
                             started_at=self.started_at, published_at=self.publisher.published_at,

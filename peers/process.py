@@ -28,13 +28,14 @@ from p2p_diloco.errors import JoinStopped
 from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.peers.distributed import IntraIsland, RankFollower, launched_world
 from p2p_diloco.peers.island import SwarmIsland
+from p2p_diloco.peers.parts import IslandParts
 from p2p_diloco.peers.runner import Trainer, train
 from p2p_diloco.peers.sharding import gather_on_read, local_numel, rank0_parts, sharding
 from p2p_diloco.terminal import leave_terminal
 
 EVAL_BATCH_SIZE = 16
 PROBE_BATCHES, PROBE_SEED = 1, 4321
-"""The held-out batch a partner's mix is judged on (`peers.probe`): another than the eval loss's. Not
+"""The held-out batch a partner's mix is judged on (`peers.admission.probe`): another than the eval loss's. Not
 on a torchrun island: rank 0 alone would run its model between the ranks' steps."""
 
 
@@ -79,12 +80,11 @@ class _StopFlag:
 def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig, diloco: DiLoCoConfig,
                network: NetworkConfig, discovery: DiscoveryConfig, data: str | None = None,
                vocab_size: int | None = None, trainer_type: Callable[..., Trainer] = Trainer,
-               on_island: Callable[[SwarmIsland], None] | None = None,
-               link: EmulatedLink | None = None) -> tuple[int, dict]:
+               parts: IslandParts | None = None, link: EmulatedLink | None = None) -> tuple[int, dict]:
     """Run one island until a limit or a signal. Returns (exit code, summary; empty on ranks > 0).
 
-    `trainer_type(model, train_cfg)` builds the inner loop and `on_island(island)` sees the island
-    before it starts: the fault injection of benchmarks and tests goes there (`bench.member`), as
+    `trainer_type(model, train_cfg)` builds the inner loop and `parts` the island's parts
+    (`peers.parts`): the fault injection of benchmarks and tests goes there (`bench.member`), as
     does `link`, a WAN link to emulate."""
     device = resolve_device(train_cfg.device)
     # DDP or FSDP2 under torchrun (`peers.sharding`); a shard without torchrun fails here, before anything starts
@@ -115,12 +115,11 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
             island = SwarmIsland(whole, inner, diloco=diloco, network=network, discovery=discovery,
                                  island=cfg, eval_fn=lambda: evaluate(whole, evals, train_cfg.precision),
                                  probe_fn=None if group is not None else lambda: evaluate(model, probes, train_cfg.precision),
-                                 extra_state=trainer, group=group, link=link, stopped=lambda: stop.signum is not None)
+                                 extra_state=trainer, group=group, link=link, stopped=lambda: stop.signum is not None,
+                                 parts=parts)
             gather_on_read(island.outer, group, full)
             seed = int.from_bytes(hashlib.sha256(island.peer_id.encode()).digest()[:4], "little")
             seed = seed if group is None else group.share(seed)
-            if on_island is not None:
-                on_island(island)
         trainer.sampler = BatchSampler(corpus.train, block, train_cfg.batch_size, seed)
         stop.island = island
         if stop.signum is not None:

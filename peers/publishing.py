@@ -42,7 +42,7 @@ from p2p_diloco.core.public import PublicCopies, PublicCopy, PublicState, mixed_
 from p2p_diloco.exchange.public_views import PublicView
 from p2p_diloco.exchange.server import SnapshotServer
 from p2p_diloco.peers.identity import Identity
-from p2p_diloco.peers.plausibility import Measured, measure
+from p2p_diloco.peers.admission.plausibility import Measured, measure
 
 log = logging.getLogger(__name__)
 SERVING_S = 2.0

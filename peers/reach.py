@@ -28,7 +28,7 @@ from p2p_diloco.config import DiscoveryConfig, IslandConfig
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.peers.gossip import FetchResult
 from p2p_diloco.peers.identity import Identity
-from p2p_diloco.peers.plausibility import Measured
+from p2p_diloco.peers.admission.plausibility import Measured
 
 log = logging.getLogger(__name__)
 TURN_WAIT_S = 5.0
@@ -76,7 +76,7 @@ class Door:
     excluded: Callable[[str], bool]
     """Whether the island takes no state of that member now (`PartnerChooser.shunned`)."""
     measure: Callable[[object], Measured | None]
-    """What a state measured (`GossipWorker.measured`, `peers.plausibility.measure`), on the inbox's own thread."""
+    """What a state measured (`GossipWorker.measured`, `peers.admission.plausibility.measure`), on the inbox's own thread."""
 
 
 class PushInbox:
@@ -115,9 +115,8 @@ class PushInbox:
             return "refused", "pushes are taken only from members that run outbound-only"
         if door.excluded(peer):
             return "refused", "this island no longer mixes that member's states (refused too often)"
-        for key, ours in (("model", door.identity.model), ("run", door.identity.run)):
-            if str(meta.get(key, "")) != ours:
-                return "refused", f"a state of another {'model' if key == 'model' else 'run'}"
+        if (foreign := door.identity.foreign(meta, strict=True)) is not None:
+            return "refused", f"a state of {foreign[1]}"
         with self._lock:
             if self._result is not None or self._arriving or self._taken_this_round:
                 self._waiting[peer] = time.monotonic()

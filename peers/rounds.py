@@ -1,7 +1,8 @@
 """An island's rounds between two inner steps: keep a fetch going, mix what arrived, end the round.
 
 `Rounds` is the part of `SwarmIsland` that owns the round's schedule: when to look for a partner,
-mixing what arrived (fetched or pushed, once `peers.checks` admitted it), when a round is over,
+mixing what arrived (fetched or pushed, once `peers.admission` admitted it: the mix and its
+bookkeeping are written once, `_mix`), when a round is over,
 the mixes of its end, and the final mix. The island (`peers.island`) holds its life: start, `step()`,
 the outer step's bookkeeping (publish, announce, metrics, checkpoints), close. All of it runs inside
 `SwarmIsland.step()`, between two of the user's inner steps, and never waits on the network.
@@ -22,8 +23,9 @@ from p2p_diloco.core.schedule import FINAL_MIX_WAIT_S
 from p2p_diloco.discovery.membership import Membership
 from p2p_diloco.discovery.records import label_among
 from p2p_diloco.peers.alone import AloneWatch, Link
-from p2p_diloco.peers.checks import PartnerChecks
-from p2p_diloco.peers.claims import median_version
+from p2p_diloco.peers.admission.admission import Admission
+from p2p_diloco.peers.admission.claims import median_version
+from p2p_diloco.peers.admission.protocol import Admitted, Cancelled, Failed, Outcome, Refused
 from p2p_diloco.peers.fetchchoice import FetchChoice
 from p2p_diloco.peers.gossip import FetchResult, GossipWorker
 from p2p_diloco.peers.identity import Identity
@@ -31,6 +33,7 @@ from p2p_diloco.peers.pacing import catch_up_seconds
 from p2p_diloco.peers.partners import PartnerChooser
 from p2p_diloco.peers.publishing import Publisher
 from p2p_diloco.peers.reach import PushInbox
+from p2p_diloco.peers.state import CatchingUp
 
 log = logging.getLogger(__name__)
 ANNOUNCE_EVERY_S = 2.0
@@ -102,10 +105,11 @@ class Rounds:
 
     def __init__(self, *, identity: Identity, outer: OuterLoop, diloco: DiLoCoConfig, island: IslandConfig,
                  network: NetworkConfig, membership: Membership, gossip: GossipWorker, chooser: PartnerChooser,
-                 checks: PartnerChecks, inbox: PushInbox, publisher: Publisher, tally: Tally, alone: AloneWatch,
+                 admission: Admission, catching_up: CatchingUp, inbox: PushInbox, publisher: Publisher, tally: Tally, alone: AloneWatch,
                  stopped: Callable[[], bool]) -> None:
         self.identity, self.outer, self.diloco, self.cfg, self.network = identity, outer, diloco, island, network
-        self.membership, self.gossip, self.chooser, self.checks = membership, gossip, chooser, checks
+        self.membership, self.gossip, self.chooser, self.admission = membership, gossip, chooser, admission
+        self.catching_up = catching_up
         self.inbox, self.publisher, self.tally, self.alone, self.stopped = inbox, publisher, tally, alone, stopped
         self.rnd = Round.begin(island.same_version_wait, 0.0)
         self.changed = False
@@ -117,7 +121,6 @@ class Rounds:
         """Rounds finished."""
         self._last_mix: tuple[str | None, int] = (None, 0)
         """The partner of the last mix, and the rounds finished then."""
-        self._clipped = 0
         self.training_from: float | None = None
         """Monotonic time of the first round's start: `max_seconds` counts from there."""
 
@@ -171,7 +174,7 @@ class Rounds:
         self._keep_fetching()
         self.rnd.arrived = self.rnd.arrived or self._mix_if_arrived()
         self._mix_pushed()
-        nbytes = self.checks.adopt_caught_up()
+        nbytes = self.catching_up.adopt()
         if nbytes is not None:
             self.tally.bytes_in += nbytes
             self.changed = True
@@ -180,7 +183,7 @@ class Rounds:
     def _keep_fetching(self) -> None:
         """Start a fetch when none runs and it is time to look for a partner (again)."""
         rnd, now = self.rnd, time.monotonic()
-        if rnd.fetching or now < rnd.next_try or self.checks.catch_up is not None:
+        if rnd.fetching or now < rnd.next_try or self.catching_up.running is not None:
             return  # (catching up, every partner's state would be refused as too far: wait for it)
         same_version = now < rnd.fresh_until
         rnd.fetching = self._start_fetch(rnd.fresh_until if same_version else None)
@@ -217,24 +220,24 @@ class Rounds:
                                                         self.last_round_s):
             self.gossip.cancel()
 
-    def _take_partner(self, result: FetchResult | None = None) -> tuple[list[PartnerState], dict]:
-        """The fetched partner state (or the pushed one given), if one arrived and passed every check
-        (`peers.checks`), and the exchange's figures. A pushed state gets every check a fetched one gets."""
+    def _take(self, result: FetchResult | None = None) -> Outcome | None:
+        """The outcome of the exchange that ended (the fetch's, or the push given), admitted or not
+        (`peers.admission`: a pushed state gets every check a fetched one gets); None: none ended."""
         result = result or self.gossip.take()
         if result is None:
-            return [], {"partner": None, "fetch_s": None, "bytes_in": 0}
-        state, info = self.checks.admit(result)
-        self.tally.bytes_in += info["bytes_in"]
-        if "refused" in info:
-            self.alone.refused(self.label(result.peer_id), info["refused"], info.get("foreign"))
-        if result.snapshot is not None and not result.pushed:
-            info["fetched"] = "state" if result.public is None else "updates"
-            self.tally.fetched[info["fetched"]] += 1
-            self.choice.landed(result.peer_id, result.rate_bps, result.nbytes)
-        if "fetch_error" in info and "refused" not in info:
+            return None
+        outcome = self.admission.admit(result)
+        self.tally.bytes_in += result.nbytes
+        if isinstance(outcome, Refused):
+            self.alone.refused(self.label(result.peer_id), outcome.reason, outcome.foreign)
+        elif isinstance(outcome, Failed):
             self.tally.failed += 1
-            self.alone.fetch_failed(info["fetch_error"])
-        return ([] if state is None else [state]), info
+            self.alone.fetch_failed(outcome.error)
+        if result.snapshot is not None and not result.pushed:
+            fetched = outcome.figures["fetched"] = "state" if result.public is None else "updates"
+            self.tally.fetched[fetched] += 1
+            self.choice.landed(result.peer_id, result.rate_bps, result.nbytes)
+        return outcome
 
     def final_mix(self) -> dict | None:
         """`final_mix`, the budget spent: fetch one partner's last state and mix it into the anchor and
@@ -292,37 +295,25 @@ class Rounds:
         """Between inner steps (and for the final mix): mix a partner state the moment its fetch is done.
 
         The anchor and the running weights move together, so the rest of the round trains from the
-        mixed point. Returns the exchange's figures, or None while nothing has arrived.
+        mixed point. Returns the exchange's figures, or None while nothing has arrived (or what
+        arrived was refused or given up: the round looks for another partner).
         """
         if not self.gossip.has_result:  # (it may still be pushing ours)
             return None
-        partners, info = self._take_partner()
-        if info["partner"] is None:
-            return None
-        if info.get("refused"):  # a refused state costs nothing else: look for another partner this round
-            self.rnd.refused_from.append(info["partner"])
+        outcome = self._take()
+        if isinstance(outcome, Refused):  # a refused state costs nothing else: look for another partner this round
+            self.rnd.refused_from.append(outcome.figures["partner"])
             self.rnd.fetching = False
             return None
-        if info.get("cancelled"):  # a whole state that gave way: fetch updates now
-            self.rnd.gave_way = info["partner"]
+        if isinstance(outcome, Cancelled):  # a whole state that gave way: fetch updates now
+            self.rnd.gave_way = outcome.figures["partner"]
             self.rnd.fetching = False
             return None
-        info["weight"] = 0.0
-        if partners:
-            info["staleness"] = self.outer.state.version - partners[0].version
-            info["weight"] = self.outer.mix_arrived(partners[0])
-            info["mixed_after_steps"] = self.outer.round_steps
-            self._count_mix(info)
-            self._follow_swarm(partners[0].version, info["weight"])
-        return info
-
-    def _follow_swarm(self, partner_version: int, weight: float, after_step: int = 0) -> None:
-        """After a mix, follow a partner far ahead as far as the members' median confirms: an island resumed
-        behind catches up at once; one false claim moves it by `max_version_jump` at most (`core.outer`)."""
-        median = median_version(self.membership.members())
-        if weight > 0 and median is not None:
-            s = self.outer.state
-            s.version = max(s.version, min(partner_version, median) + after_step)
+        if outcome is None:
+            return None
+        if isinstance(outcome, Admitted):
+            return self._mix(outcome)
+        return {**outcome.figures, "weight": 0.0}
 
     def _mix_pushed(self) -> None:
         """Mix a state an outbound-only member pushed to us (`peers.reach`): between inner steps, or at
@@ -331,32 +322,45 @@ class Rounds:
             return
         result = self.inbox.take()
         self.alone.exchanged()
-        partners, info = self._take_partner(result)
-        entry = {"partner": result.peer_id, "weight": 0.0, **({"refused": info["refused"]} if "refused" in info else {})}
-        if partners:
-            entry["staleness"] = self.outer.state.version - partners[0].version
-            entry["weight"] = self.outer.mix_arrived(partners[0])
-            self._follow_swarm(partners[0].version, entry["weight"])
-            self._count_mix(entry, pushed=True)
+        outcome = self._take(result)
+        entry = {"partner": result.peer_id, "weight": 0.0}
+        if isinstance(outcome, Refused):
+            entry["refused"] = outcome.reason
+        if isinstance(outcome, Admitted):
+            figures = self._mix(outcome, pushed=True)
+            entry.update((k, figures[k]) for k in ("weight", "staleness"))
         self.rnd.pushed_in.append(entry)
 
-    def _count_mix(self, info: dict, pushed: bool = False) -> None:
-        """Count a partner's state that was weighed: a mix, or one that arrived too stale to count
-        (the last partner is the last one fetched)."""
-        self.checks.mixed(info["partner"], info.get("weight") or 0.0)
-        if self.outer.influence.clipped > self._clipped:  # its weight was cut to the bound (`core.influence`)
-            self._clipped, info["bounded"] = self.outer.influence.clipped, True
-        if info.get("weight"):
+    def _mix(self, admitted: Admitted, at_end: bool = False, pushed: bool = False) -> dict:
+        """Mix an admitted state: on arrival into the anchor and the running weights, or `at_end` into
+        the anchor before the outer step (`OuterLoop.end_round`, which takes the step too); then count
+        it, tell the admission, and follow a partner far ahead as far as the members confirm. Returns
+        the exchange's figures for the round's row."""
+        figures, state, steps = dict(admitted.figures), admitted.state, self.outer.round_steps
+        if at_end:  # (the staleness as the outer step left it, a partner ahead counting 0)
+            weight = self.outer.end_round([state], tokens=self.rnd.tokens)[0]
+            lag = self.outer.state.version - 1 - state.version
+        else:
+            lag = self.outer.state.version - state.version
+            weight = self.outer.mix_arrived(state)
+        figures.update(weight=weight, staleness=lag, mixed_after_steps=steps)
+        self.admission.mixed(figures["partner"], weight)
+        if weight > 0:
             t = self.tally
             t.mixes += 1
-            self._last_mix = (info["partner"], self.finished)
+            self._last_mix = (figures["partner"], self.finished)
             if not pushed:
-                t.last_partner, t.last_staleness = info["partner"], info.get("staleness")
+                t.last_partner, t.last_staleness = figures["partner"], lag
             self.changed = True
             self.alone.mixed()
-        elif (info.get("staleness") or 0) > self.diloco.max_staleness:
+            median = median_version(self.membership.members())  # follow a partner far ahead (`_follow_swarm`)
+            if median is not None:
+                s = self.outer.state
+                s.version = max(s.version, min(state.version, median) + int(at_end))
+        elif lag > self.diloco.max_staleness:
             self.tally.too_stale += 1
-            self.alone.arrived_stale(int(info.get("staleness") or 0))
+            self.alone.arrived_stale(lag)
+        return figures
 
     def suspect(self) -> str | None:
         """The partner whose state was mixed last, if that was in this round or at the end of the one
@@ -370,18 +374,16 @@ class Rounds:
         inner steps."""
         rnd, outer, steps = self.rnd, self.outer, self.outer.round_steps
         self._mix_pushed()  # one pushed to us after the last inner step
-        partners, info = self._take_partner()  # a fetch that arrived after the last inner step
-        weights = outer.end_round(partners, tokens=rnd.tokens)
-        self.checks.own_round(rnd.tokens)
+        outcome = self._take()  # a fetch that arrived after the last inner step
+        if isinstance(outcome, Admitted):
+            info = self._mix(outcome, at_end=True)
+        else:
+            outer.end_round([], tokens=rnd.tokens)
+            info = outcome.figures if outcome is not None else {"partner": None, "fetch_s": None, "bytes_in": 0}
+            info = rnd.arrived if rnd.arrived is not None else info
+        self.admission.own_round(rnd.tokens)
         self.inbox.new_round()
         self.changed = True
-        if partners:
-            info["weight"], info["staleness"] = weights[0], outer.state.version - 1 - partners[0].version
-            info["mixed_after_steps"] = steps
-            self._count_mix(info)
-            self._follow_swarm(partners[0].version, weights[0], after_step=1)
-        elif rnd.arrived is not None:
-            info = rnd.arrived
         if rnd.refused_from:
             info["refused_from"] = rnd.refused_from
         if rnd.gave_way:

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from p2p_diloco.admission import GateSettings
 from p2p_diloco.config import NetworkConfig
 from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.outer import PartnerState
@@ -28,7 +29,7 @@ from p2p_diloco.exchange.client import Fetcher
 from p2p_diloco.peers import checkpoint
 from p2p_diloco.peers.gossip import partner_state, route
 from p2p_diloco.peers.identity import Identity
-from p2p_diloco.peers.plausibility import START_BOUND, distance, norm
+from p2p_diloco.peers.admission.plausibility import distance, norm
 
 log = logging.getLogger(__name__)
 JOIN_QUORUM = 3
@@ -179,6 +180,41 @@ class CatchUp:
         return states
 
 
+class CatchingUp:
+    """An island's catch-up, from the state that showed it behind to the state it adopts (see `CatchUp`).
+
+    Far behind the swarm (resumed after a long absence, or stalled), a state that far ahead is
+    legitimately far from this island's anchor, but a claimed version proves nothing (the state is
+    still refused, and counted); so the island rejoins as a newcomer does, adopting the state most
+    of the freshest members agree on, then calls `adopted()` (what was learned of the old state starts over)."""
+
+    def __init__(self, name: str, source: StateSource, adopted: Callable[[], None]) -> None:
+        self.name, self.source, self.adopted = name, source, adopted
+        self.running: CatchUp | None = None
+        """The download of the freshest states, while this island catches up."""
+
+    def start(self, peer: str, version: int, label: str = "") -> None:
+        """`peer`'s state at `version` showed this island behind: catch up, unless it already does."""
+        if self.running is None:
+            log.warning("%s is at version %d, %s at %d: catching up from the freshest members", self.name,
+                        self.source.outer.state.version, label or peer[:8], version)
+            self.running = CatchUp(self.source, ahead=peer)
+
+    def adopt(self) -> int | None:
+        """Between inner steps: adopt what a finished catch-up downloaded. Returns the bytes it
+        downloaded, or None while nothing was adopted."""
+        states = None if self.running is None else self.running.take()
+        if states is None:
+            return None
+        self.running = None
+        if not states:
+            log.warning("%s could not catch up: no member's state could be downloaded; it keeps its own", self.name)
+            return None
+        nbytes = self.source.adopt(states, started=True)
+        self.adopted()
+        return nbytes
+
+
 def _most_central(states: list[Downloaded], initial: torch.Tensor) -> Downloaded:
     """The downloaded state with the smallest median distance to the others (ties: closest to `initial`).
 
@@ -199,6 +235,6 @@ def _most_central(states: list[Downloaded], initial: torch.Tensor) -> Downloaded
 
     best = min(range(len(states)), key=score)
     for j, d in enumerate(states):
-        if j != best and far[best][j] > START_BOUND:
+        if j != best and far[best][j] > GateSettings().start_bound:
             log.warning("joining: the state of %s is far from the other members'; not adopting it", d.record.label)
     return states[best]

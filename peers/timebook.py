@@ -3,7 +3,7 @@
 `SwarmIsland.step()` books every second of the training thread since the first inner step into one
 part: the time between two calls of `step()` is the user's inner step (`inner`); inside `step()`,
 looking after the exchange between steps (`mix`: taking a partner's state that arrived, its checks,
-mixing it; `probe`: the effect probe's two evaluations of the held-out batch, `peers.probe`, a
+mixing it; `probe`: the effect probe's two evaluations of the held-out batch, `peers.admission.probe`, a
 check this island chose to run on its own device), the round's end (`end`: the guard's finiteness check, the mix of what
 arrived last, the outer step, the snapshot the publishing thread publishes from), evaluation
 (`eval`), checkpoints (`checkpoint`), and the rest (`other`: announces, the round's row and

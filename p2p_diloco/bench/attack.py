@@ -2,7 +2,8 @@
 
 For each kind of poison (`bench/member.py`: NaN, weights x1e6, a random state, another run's
 state, a momentum x1e4, weights x1.5, the initial weights, the last change reversed, noise at the
-gate's edge) the swarm runs with `honest` honest islands and one hostile island (a test double
+gate's edge, the quiet ones, and ALIE and IPM inside the honest spread) the swarm runs with
+`honest` honest islands and `members` hostile islands of that kind (test doubles
 that trains honestly and publishes the poison), all real `join` processes on loopback with the
 default settings and an emulated WAN link; for each honest difference (`slow`: 10x slower, on a
 tenth of the tokens; `other-data`: trained on another corpus) with one such member, whose states
@@ -58,13 +59,15 @@ def other_corpus(workdir: Path) -> Path:
 
 
 def _run(workdir: Path, honest: int, member: str | None, tokens: int, latency_ms: float,
-         bandwidth_mbps: float, other_data: Path | None = None) -> tuple[list[str], str | None]:
-    """One swarm to the end; returns the honest islands' names and the member's peer id (`other_data`:
-    the `other-data` member's corpus)."""
+         bandwidth_mbps: float, other_data: Path | None = None, members: int = 1) -> tuple[list[str], set[str]]:
+    """One swarm to the end; returns the honest islands' names and the members' peer ids (`other_data`:
+    the `other-data` member's corpus; `members`: how many of that kind, colluding where the kind
+    does: every `drift` member pushes along one direction)."""
     workdir.mkdir(parents=True, exist_ok=True)
     swarm = Swarm(workdir, {"island": {"eval_every": 5}})
     names = [f"honest-{i}" for i in range(honest)]
-    size = honest + (member is not None)
+    hostile = ["member"] if members == 1 else [f"member-{i}" for i in range(members)]
+    size = honest + (len(hostile) if member is not None else 0)
     args = ["--run-id", "attack", "--max-tokens", str(tokens), "--wait-for", str(size), "--quiet"]
     entry = ("bench", "member", "--latency-ms", str(latency_ms), "--bandwidth-mbps", str(bandwidth_mbps))
     try:
@@ -76,18 +79,19 @@ def _run(workdir: Path, honest: int, member: str | None, tokens: int, latency_ms
             extra = ["--data", str(other_data)]
         else:
             extra = ["--poison", str(member)]
-        if member is not None:
-            procs.append(swarm.start_island("member", [*args, *extra], entry))
-        else:  # the same load on the machine: one more island that trains alone, in another run
-            procs.append(swarm.start_island("bystander", [*args, "--run-id", "attack-bystander", "--wait-for", "1"],
-                                            entry))
+        for name in hostile:
+            if member is not None:
+                procs.append(swarm.start_island(name, [*args, *extra], entry))
+            else:  # the same load on the machine: islands that train alone, in another run
+                procs.append(swarm.start_island(name.replace("member", "bystander"),
+                                                [*args, "--run-id", f"attack-{name}", "--wait-for", "1"], entry))
         for p in procs:
             p.wait()
     finally:
         swarm.stop()
     if member is None:
-        return names, None
-    return names, json.loads((workdir / "member" / "island.json").read_text())["peer_id"]
+        return names, set()
+    return names, {json.loads((workdir / name / "island.json").read_text())["peer_id"] for name in hostile}
 
 
 def _diverged(run_dir: Path, names: list[str]) -> int:
@@ -112,9 +116,9 @@ def judged(losses: list[list[float]], clean_mean: float) -> dict:
 
 def run_bench_attack(kinds: tuple[str, ...] = KINDS, honest: int = 3, tokens: int = TOKENS_PER_ISLAND,
                      latency_ms: float = 100.0, bandwidth_mbps: float = 1000.0, workdir: Path | None = None,
-                     runs: int = 1) -> dict:
-    """`runs` swarms without the member, then `runs` with one of each kind (run by run, so that a
-    change of the machine's load over the bench falls on every kind alike); see the module docstring."""
+                     runs: int = 1, members: int = 1) -> dict:
+    """`runs` swarms without the members, then `runs` with `members` of each kind (run by run, so that
+    a change of the machine's load over the bench falls on every kind alike); see the module docstring."""
     import tempfile
 
     from p2p_diloco.core.data import load_corpus
@@ -136,7 +140,7 @@ def run_bench_attack(kinds: tuple[str, ...] = KINDS, honest: int = 3, tokens: in
                                      "member_states_mixed": 0, "member_mixes_bounded": 0} for kind in kinds}
     for run in range(runs):
         run_dir = workdir / f"clean-{run}" if runs > 1 else workdir / "clean"
-        names, _ = _run(run_dir, honest, None, tokens, latency_ms, bandwidth_mbps)
+        names, _ = _run(run_dir, honest, None, tokens, latency_ms, bandwidth_mbps, members=members)
         clean.append(losses(run_dir, names))
         rows = [r for n in names for r in rounds(run_dir / n)]
         counts["false_refusals"] += sum(len(r.get("refused_from", [])) + bool(r.get("refused")) for r in rows)
@@ -145,19 +149,19 @@ def run_bench_attack(kinds: tuple[str, ...] = KINDS, honest: int = 3, tokens: in
         counts["diverged"] += _diverged(run_dir, names)
         for kind in kinds:
             run_dir = workdir / f"{kind}-{run}" if runs > 1 else workdir / kind
-            names, member = _run(run_dir, honest, kind, tokens, latency_ms, bandwidth_mbps, other_data)
+            names, hostile = _run(run_dir, honest, kind, tokens, latency_ms, bandwidth_mbps, other_data, members)
             f = found[kind]
             f["eval_loss"].append(losses(run_dir, names))
             f["diverged"] += _diverged(run_dir, names)
             rows = [r for n in names for r in rounds(run_dir / n)]
-            refused_mid_round = sum(r.get("refused_from", []).count(member) for r in rows)
-            rows = [r for r in rows if r.get("partner") == member]
+            refused_mid_round = sum(sum(p in hostile for p in r.get("refused_from", [])) for r in rows)
+            rows = [r for r in rows if r.get("partner") in hostile]
             f["member_states_refused"] += refused_mid_round + sum(1 for r in rows if r.get("refused"))
             f["member_states_mixed"] += sum(1 for r in rows if r.get("weight"))
             f["member_mixes_bounded"] += sum(1 for r in rows if r.get("weight") and r.get("bounded"))
     clean_mean = fmean([fmean(run) for run in clean])
     c = judged(clean, clean_mean)
-    out = {"honest": honest, "tokens_per_island": tokens, "runs": runs, "clean_eval_loss": clean,
+    out = {"honest": honest, "members": members, "tokens_per_island": tokens, "runs": runs, "clean_eval_loss": clean,
            "clean_mean": clean_mean, "clean_worst_ratio_to_clean_mean": c["worst_ratio_to_clean_mean"],
            "clean_spread": c["spread"], "clean_false_refusals": counts["false_refusals"],
            "clean_mixes": counts["mixes"], "clean_mixes_bounded": counts["mixes_bounded"],

@@ -1,7 +1,8 @@
 """Fault injection for benchmarks and tests: a member that is slower, or hostile (`p2p-diloco bench member`).
 
 The command is `join` with two more options; the faults enter through `peers.process.run_island`'s
-two hooks (`trainer_type`, `on_island`), so nothing of them is in the product's own path:
+hooks (`trainer_type`, and `parts`: the island's own construction, `peers.parts.IslandParts`), so
+nothing of them is in the product's own path and every part of the island holds the same objects:
 
 - `--slowdown X`: after each inner step the island idles (X - 1) times the step's duration, as a
   slower machine would (`SlowTrainer`);
@@ -16,7 +17,16 @@ two hooks (`trainer_type`, `on_island`), so nothing of them is in the product's 
   distance of the states it accepts itself); and three quiet ones: `claims` (its honest state,
   claiming version +1000 and tokens x1000), `momentum-x3` (its anchor, with its outer momentum x3),
   `drift` (its anchor plus a fixed direction that grows by half the median distance it accepts
-  itself, each round).
+  itself, each round; every `drift` member draws the same direction, so that several collude);
+  and the attacks of the literature that stay inside the honest spread: `alie` ("a little is
+  enough", Baruch et al. 2019: per coordinate, the mean of the honest states it saw lately plus
+  `ALIE_Z` of their spread, against the direction the swarm progresses in) and `ipm` (inner product
+  manipulation, Xie et al. 2020: its last anchor moved by `-IPM_EPSILON` times the change the
+  swarm's round made, which its own anchor follows).
+
+The member is honest but for what it publishes: it fetches, checks and mixes its partners' states
+as any island does (its public state follows what it publishes, so it mixes public states too).
+What it knows of the honest states is what it admitted (`Seen`, a check appended to its own).
 
 `p2p-diloco bench attack` measures the swarm's defences against each poison (BENCHMARKS.md).
 """
@@ -25,7 +35,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import statistics
 import time
+from collections import deque
 from dataclasses import replace
 from typing import Any
 
@@ -35,12 +47,19 @@ from p2p_diloco.choices import POISONS
 from p2p_diloco.config import TrainConfig
 from p2p_diloco.core import codecs
 from p2p_diloco.exchange.linkemu import EmulatedLink
-from p2p_diloco.peers.island import SwarmIsland
+from p2p_diloco.peers.admission.protocol import ADMIT, Candidate, Island, Verdict
+from p2p_diloco.peers.parts import IslandParts
 from p2p_diloco.peers.publishing import Publisher
 from p2p_diloco.peers.runner import Trainer
 
 log = logging.getLogger(__name__)
 KINDS = POISONS
+ALIE_Z = 1.0
+"""How many of the honest states' spread (per coordinate) `alie` sits from their mean."""
+IPM_EPSILON = 0.5
+"""The multiple of the swarm's change per round that `ipm` publishes, negated."""
+SEEN = 4
+"""Honest states `alie` remembers."""
 
 
 class SlowTrainer(Trainer):
@@ -57,22 +76,43 @@ class SlowTrainer(Trainer):
         return loss
 
 
+class Seen:
+    """What a hostile member knows of the honest states: a check, last of its island's, that admits
+    what the others admitted and remembers it (the distances its gate learns from; the states)."""
+
+    name = "seen"
+
+    def __init__(self, keep: int = SEEN) -> None:
+        self.distances: deque[float] = deque(maxlen=32)
+        self.states: deque[torch.Tensor] = deque(maxlen=keep)
+
+    def judge(self, candidate: Candidate, island: Island) -> Verdict:
+        if candidate.measured is not None:
+            self.distances.append(candidate.measured.distance)
+        if candidate.state is not None and candidate.weight > 0:
+            phi = candidate.state.phi
+            self.states.append((phi.float() if isinstance(phi, codecs.EncodedVector) else phi).detach().cpu().clone())
+        return ADMIT
+
+    def median(self) -> float | None:
+        """The median relative distance of the states it admitted (None: none yet)."""
+        return statistics.median(self.distances) if self.distances else None
+
+
 class PoisonedPublisher(Publisher):
     """Publishes `kind` (see the module docstring) in place of the island's honest state."""
 
-    def __init__(self, honest: Publisher, kind: str, accepted=lambda: None) -> None:
-        """`accepted()`: the median relative distance of the states this island accepted (None: none yet)."""
+    def __init__(self, server, outer, exchange, identity, kind: str, seen: Seen | None = None) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown poison {kind!r}; choose one of {', '.join(KINDS)}")
-        super().__init__(honest.server, honest.outer, honest.exchange, honest.identity)
-        self.kind = kind
-        self.initial = honest.outer.state.phi.clone()
+        super().__init__(server, outer, exchange, identity)
+        self.kind, self.seen = kind, seen or Seen()
+        self.initial = outer.state.phi.detach().cpu().clone()
         self.gen = torch.Generator().manual_seed(1234)
         self.other_initial = (torch.randn(self.initial.numel(), generator=self.gen) * self.initial.std()
                               + self.initial.mean())
-        self.accepted = accepted
         self.previous = self.initial
-        """The anchor at the publish before (`reverse`)."""
+        """The anchor at the publish before (`reverse`, `ipm`)."""
         direction = torch.randn(self.initial.numel(), generator=self.gen)
         self.direction = direction / direction.norm()
         self.drifted = 0.0
@@ -80,6 +120,7 @@ class PoisonedPublisher(Publisher):
 
     def tensors(self) -> dict:
         phi = self.outer.state.phi.detach().cpu()
+        m = self.outer.state.m.detach().cpu()
         if self.kind == "nan":  # encoded by hand: the server's own publish check would refuse NaN values
             enc = codecs.encode(phi, "int8").clone()
             enc[: 4 * 16].view(torch.float32)[:] = float("nan")  # the scales of the first 16 blocks
@@ -91,21 +132,33 @@ class PoisonedPublisher(Publisher):
         if self.kind == "other-run":
             return {"phi": phi - self.initial + self.other_initial}
         if self.kind == "momentum":
-            return {"phi": phi, "m": self.outer.state.m.detach().cpu() * 1e4}
+            return {"phi": phi, "m": m * 1e4}
         if self.kind == "momentum-x3":
-            return {"phi": phi, "m": self.outer.state.m.detach().cpu() * 3}
+            return {"phi": phi, "m": m * 3}
         if self.kind == "drift":
-            self.drifted += 0.5 * (self.accepted() or 0.0) * float(phi.norm())
+            self.drifted += 0.5 * (self.seen.median() or 0.0) * float(phi.norm())
             return {"phi": phi + self.direction * self.drifted}
         if self.kind == "inflate":
             return {"phi": phi * 1.5}
         if self.kind == "stuck":
             return {"phi": self.initial}
-        if self.kind == "reverse":
+        if self.kind in ("reverse", "ipm"):
             previous, self.previous = self.previous, phi.clone()
-            return {"phi": 2 * previous - phi}
+            if self.kind == "reverse":
+                return {"phi": 2 * previous - phi}
+            return {"phi": previous - IPM_EPSILON * (phi - previous), "m": m}
+        if self.kind == "alie":
+            return {"phi": self._alie(phi, m), "m": m}
         noise = torch.randn(phi.numel(), generator=self.gen)  # noise
-        return {"phi": phi + noise * (4 * (self.accepted() or 0.0) * phi.norm() / noise.norm())}
+        return {"phi": phi + noise * (4 * (self.seen.median() or 0.0) * phi.norm() / noise.norm())}
+
+    def _alie(self, phi: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """The mean of the honest states seen and its own, plus `ALIE_Z` of their spread per coordinate,
+        back along the swarm's progress (its anchor moves along `-m`: so `+ sign(m)`)."""
+        states = torch.stack([phi, *self.seen.states])
+        if len(states) < 2:
+            return phi.clone()
+        return states.mean(0) + ALIE_Z * states.std(0) * torch.sign(m)
 
     def _publish_now(self, job) -> None:
         """`claims`: the honest state, served with a version 1000 ahead and 1000 times its tokens."""
@@ -120,10 +173,15 @@ class PoisonedPublisher(Publisher):
         super()._advance_public(anchor, parts, chain, version, tokens)
 
 
-def poison(island: SwarmIsland, kind: str) -> None:
-    """Make `island` publish `kind` from its first publish on."""
-    island.publisher = PoisonedPublisher(island.publisher, kind, lambda: island.checks.gate.median())
-    log.warning("fault injection: %s publishes %s states", island.name, kind)
+def poisoned(kind: str) -> IslandParts:
+    """An island's parts that publish `kind` from its first publish on, all else honest."""
+    seen = Seen()
+
+    def publisher(server, outer, exchange, identity) -> Publisher:
+        log.warning("fault injection: %s publishes %s states", identity.name, kind)
+        return PoisonedPublisher(server, outer, exchange, identity, kind, seen)
+
+    return IslandParts(publisher=publisher, checks=(seen,))
 
 
 def faults(slowdown: float = 1.0, poison_kind: str | None = None, link: EmulatedLink | None = None) -> dict[str, Any]:
@@ -134,5 +192,5 @@ def faults(slowdown: float = 1.0, poison_kind: str | None = None, link: Emulated
     if slowdown > 1:
         out["trainer_type"] = functools.partial(SlowTrainer, factor=slowdown)
     if poison_kind is not None:
-        out["on_island"] = functools.partial(poison, kind=poison_kind)
+        out["parts"] = poisoned(poison_kind)
     return out

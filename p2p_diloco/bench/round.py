@@ -13,8 +13,8 @@ the default `NetworkConfig` (int8) and `DiLoCoConfig`, each piece timed alone:
   digests, served from now on (in an island, overlapped with the next round's inner steps);
 - `fetch_s`: a `Fetcher`'s fetch of the partner's state: transfer and checks (block digests, finite
   int8 scales), kept encoded (`decode=False`), as the island's gossip worker (`peers/gossip.py`) does;
-- `measure_s`: the worker's measure of it against the anchor (`peers.plausibility.measure`: its
-  distances, norms and the sketch of its move, `peers.drift`), in one pass;
+- `measure_s`: the worker's measure of it against the anchor (`peers.admission.plausibility.measure`: its
+  distances, norms and the sketch of its move, `peers.admission.drift`), in one pass;
 - `mix_s`: `partner_state(...)` and `OuterLoop.mix_arrived(...)`: decoding the partner slice by slice
   into fp32 and mixing it into the anchor and the running weights;
 - `outer_s`: `OuterLoop.end_round([])`: the outer Nesterov step and loading the new anchor.
@@ -26,7 +26,7 @@ between two inner steps when a partner's state arrived, `peers.rounds`, and is `
 of every piece, wherever it runs.
 
 Apart from the round, after its memory was measured: `probe_s`, the probe of a partner's mix
-(`peers.probe`), against `step_s`, one inner step, both on one sequence of the model's block
+(`peers.admission.probe`), against `step_s`, one inner step, both on one sequence of the model's block
 (`probe_vs_step`: a mix's probe in inner steps, since a probe batch and a training batch both hold
 16 sequences).
 
@@ -167,7 +167,7 @@ def one_round(outer: Any, publisher: Any, endpoint: str, network: Any, fp: str, 
     piece's seconds and its peak memory above the baseline."""
     from p2p_diloco.core.device import synchronize
     from p2p_diloco.peers.gossip import partner_state
-    from p2p_diloco.peers.plausibility import measure as measure_state
+    from p2p_diloco.peers.admission.plausibility import measure as measure_state
 
     numel = outer.state.phi.numel()
     sync = functools.partial(synchronize, outer.state.phi.device)

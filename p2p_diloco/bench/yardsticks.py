@@ -2,7 +2,7 @@
 
 - `timed`: a call's seconds, up to the device's queued work done;
 - `clone_seconds`: one fresh copy of the state (a round's overhead is judged in copies of it);
-- `probe_cost`: one probe of a partner's mix (`peers.probe`) against one inner step.
+- `probe_cost`: one probe of a partner's mix (`peers.admission.probe`) against one inner step.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def timed(fn: Callable[[], Any], sync: Callable[[], None] = lambda: None) -> tup
 
 
 def probe_cost(model: Any, optimizer: Any, outer: Any, shape: dict[str, int], repeat: int = 2) -> dict[str, float]:
-    """One probe of a partner's mix (`peers.probe`: two evaluations and two passes over the weights)
+    """One probe of a partner's mix (`peers.admission.probe`: two evaluations and two passes over the weights)
     against one inner step (forward, backward, AdamW), both on one sequence of the model's block,
     side by side on the same model: the fastest of `repeat` each. A probe batch has as many
     sequences as a training batch (16), so `probe_vs_step` is what a mix's probe costs in inner steps."""
@@ -32,7 +32,7 @@ def probe_cost(model: Any, optimizer: Any, outer: Any, shape: dict[str, int], re
     from p2p_diloco.core.device import synchronize
     from p2p_diloco.core.inner import evaluate
     from p2p_diloco.core.outer import PartnerState
-    from p2p_diloco.peers.probe import EffectProbe
+    from p2p_diloco.peers.admission.probe import EffectProbe
 
     device = outer.state.phi.device
     sync = functools.partial(synchronize, device)
@@ -46,7 +46,7 @@ def probe_cost(model: Any, optimizer: Any, outer: Any, shape: dict[str, int], re
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)
 
-    probe_s = min(timed(lambda: probe.effect(partner), sync)[1] for _ in range(repeat))
+    probe_s = min(timed(lambda: probe.effect(partner, 0.5), sync)[1] for _ in range(repeat))
     step_s = min(timed(step, sync)[1] for _ in range(repeat))
     return {"probe_s": probe_s, "step_s": step_s, "probe_vs_step": probe_s / step_s}
 

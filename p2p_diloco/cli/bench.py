@@ -186,16 +186,18 @@ def bench_shard(preset, ranks, steps, rounds, batch_size, as_json) -> None:
 @bench.command("attack")
 @click.option("--kinds", default=",".join(POISONS + HONEST_MEMBERS), show_default=True, callback=csv(str),
               help="The member beside the honest islands, one swarm each: a poison it publishes (nan, scale, "
-                   "random, other-run, momentum, inflate, stuck, reverse, noise, claims, momentum-x3, drift) or an "
+                   "random, other-run, momentum, inflate, stuck, reverse, noise, claims, momentum-x3, drift, alie, ipm) or an "
                    "honest difference (slow: 10x slower; other-data: trained on another corpus).")
 @click.option("--honest", type=click.IntRange(2, 8), default=3, show_default=True, help="Honest islands.")
+@click.option("--members", type=click.IntRange(1, 4), default=1, show_default=True,
+              help="Members of each kind in one swarm (several drift members collude on one direction).")
 @click.option("--tokens", type=click.IntRange(min=1), default=368_640, show_default=True,
               help="Tokens every island trains in every swarm (a slow member a tenth of them).")
 @click.option("--runs", type=click.IntRange(1, 20), default=1, show_default=True,
               help="Swarms of each kind, and as many without the member: judged on their mean.")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the runs here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def bench_attack(kinds, honest, tokens, runs, workdir, as_json) -> None:
+def bench_attack(kinds, honest, members, tokens, runs, workdir, as_json) -> None:
     """Honest islands with one more member, hostile (a test double) or honestly different, against
     the same swarm without it."""
     from p2p_diloco.bench.attack import run_bench_attack
@@ -204,7 +206,7 @@ def bench_attack(kinds, honest, tokens, runs, workdir, as_json) -> None:
     if unknown:
         raise click.BadParameter(f"unknown {', '.join(unknown)}; choose from {', '.join(known)}", param_hint="--kinds")
     with user_errors():
-        out = run_bench_attack(tuple(kinds), honest, tokens, workdir=Path(workdir) if workdir else None, runs=runs)
+        out = run_bench_attack(tuple(kinds), honest, tokens, workdir=Path(workdir) if workdir else None, runs=runs, members=members)
     if as_json:
         click.echo(json.dumps(out))
         return

@@ -1,6 +1,6 @@
 """How far one partner may move an island: bounds learned from the island's own rounds.
 
-The plausibility gate (`peers.plausibility`) refuses a state far outside the distances the island
+The plausibility gate (`peers.admission.plausibility`) refuses a state far outside the distances the island
 accepted before; what it lets through is mixed with weight `a`, so a member can place its state
 anywhere inside that radius, or publish a plausible anchor beside an implausible momentum. Each
 bound here is measured in `D`, the norm of the island's own pseudo-gradient over a round (the median
@@ -39,7 +39,7 @@ being mixed, as it would widen one learned from the island's own anchor or momen
   islands whose first rounds went unmixed (a fetch that timed out, a partner refused early on)
   measured 11 and 37 of their rounds apart some 110 rounds later, in two runs of the suite's test,
   and refused each other for the rest of the run (farther than the widening reaches, the island
-  behind catches up: `peers.checks`). Each mix
+  behind catches up: `peers.state.CatchingUp`). Each mix
   halves the count (a mix moves the anchor by at most `CLIP x D`, so two islands that were far apart
   need a few to come together) and adopting a state ends it; an island that mixes every round keeps
   the bounds as they are. What a hostile member gains by it: the few clipped mixes of an island that
@@ -48,7 +48,7 @@ being mixed, as it would widen one learned from the island's own anchor or momen
 Before the island's first outer step, `D` is the pseudo-gradient of the round so far, scaled to a
 whole round (`core.island.OuterLoop.progress`); after it joined by adopting a state whole, it is
 read from the momentum it took until its own rounds replace it (`adopted`). BENCHMARKS.md ("A hostile member") measures what
-each bound buys.
+each bound buys. The constants named here are `p2p_diloco.admission.BoundsSettings`'s fields.
 """
 
 from __future__ import annotations
@@ -57,40 +57,19 @@ import math
 import statistics
 from collections import deque
 
-HISTORY = 8
-"""Rounds of the island's own progress remembered."""
-CLIP = 2.0
-"""A partner moves the anchor by at most this many of the island's own rounds' pseudo-gradients."""
-MOMENTUM_RATIO = 3.0
-"""A partner's momentum may be this many times the norm an honest one reaches."""
-MOMENTUM_CLIP = 1.25
-"""A partner's momentum is mixed at most this many times the norm of the island's own."""
-SIZE_ROUNDS = 2.0
-"""A state's anchor norm may differ from the island's own by this many rounds of its progress."""
-BEHIND_ROUNDS = 1.5
-"""A state may sit this many rounds back along the island's progress, beyond its version's lag."""
-START_ROUNDS = 8.0
-"""The gate's bound before it learned distances, in rounds of the island's own progress."""
-APART_AFTER = 8
-"""Rounds without a mix after which the bounds widen (`InfluenceBound.apart_rounds`)."""
-APART_MOST = 12.0
-"""The most rounds of progress that widening adds (an anchor x1.5 sat 23 rounds off the tiny
-preset's own early on)."""
-
+from p2p_diloco.admission import BoundsSettings
 
 class InfluenceBound:
     """The island's own progress per round, and the bounds it sets (see the module docstring)."""
 
-    def __init__(self, outer_momentum: float) -> None:
-        self.mu = outer_momentum
-        self.deltas: deque[float] = deque(maxlen=HISTORY)
+    def __init__(self, outer_momentum: float, settings: BoundsSettings | None = None) -> None:
+        self.mu, self.s = outer_momentum, settings or BoundsSettings()
+        self.deltas: deque[float] = deque(maxlen=self.s.history)
         """Norms of the island's own last pseudo-gradients."""
-        self.momenta: deque[float] = deque(maxlen=HISTORY)
+        self.momenta: deque[float] = deque(maxlen=self.s.history)
         """Norms of the island's own momentum after its last outer steps."""
-        self.advances: deque[float] = deque(maxlen=HISTORY)
+        self.advances: deque[float] = deque(maxlen=self.s.history)
         """How far each of the island's own last outer steps moved the anchor along its momentum."""
-        self.clipped = 0
-        """Mixes whose weight a bound cut (counted by `core.island.OuterLoop.weight`)."""
         self.unmixed = 0
         """The island's own rounds without a mix, halved by each mix and ended by an adopted state (`mixed`)."""
 
@@ -111,8 +90,8 @@ class InfluenceBound:
     def apart_rounds(self) -> float:
         """Rounds of the island's own progress its bounds widen by for the rounds it mixed nothing
         (see the module docstring; 0 while it mixes)."""
-        n = self.unmixed - APART_AFTER
-        return 0.0 if n <= 0 else min(APART_MOST, math.sqrt(2 * n))
+        n = self.unmixed - self.s.apart_after
+        return 0.0 if n <= 0 else min(self.s.apart_most, math.sqrt(2 * n))
 
     def _apart(self) -> str:
         apart = self.apart_rounds()
@@ -138,21 +117,21 @@ class InfluenceBound:
         if larger (the rounds grow while the learning rate warms up)."""
         return max(statistics.median(self.deltas), self.deltas[-1]) if self.deltas else None
 
-    @staticmethod
-    def clip(a: float, gap: float | None, d: float | None) -> float:
-        """The weight of a partner at distance `gap` from the anchor, at most `CLIP x d / gap`."""
-        if gap is None or d is None or a <= 0 or a * gap <= CLIP * d:
-            return a
-        return CLIP * d / gap
+    def clip(self, gap: float | None, d: float | None) -> float:
+        """The most weight a partner at distance `gap` from the anchor may be mixed with: `clip x d / gap`
+        (1: no bound)."""
+        if gap is None or d is None or gap <= 0:
+            return 1.0
+        return min(1.0, self.s.clip * d / gap)
 
     def momentum(self, norm: float | None, d: float | None) -> str | None:
         """Why a partner's momentum of this norm is refused (None: it is not)."""
         if norm is None or d is None:
             return None
-        bound = MOMENTUM_RATIO * d / (1 - self.mu)
+        bound = self.s.momentum_ratio * d / (1 - self.mu)
         if math.isfinite(norm) and norm <= bound:
             return None
-        return (f"implausible momentum: norm {norm:.3g}, the bound is {bound:.3g} ({MOMENTUM_RATIO:g} x what "
+        return (f"implausible momentum: norm {norm:.3g}, the bound is {bound:.3g} ({self.s.momentum_ratio:g} x what "
                 f"this island's own pseudo-gradients sum to)")
 
     def momentum_scale(self, norm: float | None) -> float:
@@ -160,13 +139,13 @@ class InfluenceBound:
         learned" in the module docstring)."""
         if norm is None or not self.momenta or not math.isfinite(norm) or norm <= 0:
             return 1.0
-        bound = MOMENTUM_CLIP * max(statistics.median(self.momenta), self.momenta[-1])
+        bound = self.s.momentum_clip * max(statistics.median(self.momenta), self.momenta[-1])
         return min(1.0, bound / norm)
 
     def size(self, norm: float, own_norm: float, d: float | None, lag: int) -> str | None:
         """Why a state whose anchor has norm `norm`, `lag` versions from the island's (either way), is
         refused, against the island's own `own_norm` (None: it is not)."""
-        bound = SIZE_ROUNDS + abs(lag) + self.apart_rounds()
+        bound = self.s.size_rounds + abs(lag) + self.apart_rounds()
         if d is None or abs(norm - own_norm) <= bound * d:
             return None
         return (f"implausible size: its weights' norm is {norm / max(own_norm, 1e-12):.3g} x this island's, "
@@ -180,7 +159,7 @@ class InfluenceBound:
     def behind(self, along: float | None, lag: int) -> str | None:
         """Why a state `along` back along the island's progress (anchor units), `lag` versions behind,
         is refused (None: it is not)."""
-        rounds, more = self.rounds_behind(along), BEHIND_ROUNDS + self.apart_rounds()
+        rounds, more = self.rounds_behind(along), self.s.behind_rounds + self.apart_rounds()
         if rounds is None or rounds <= max(0, lag) + more:
             return None
         return (f"behind: {rounds:.1f} of this island's rounds back along its progress at {max(0, lag)} "
@@ -191,7 +170,7 @@ class InfluenceBound:
         `noise`: what the state's encoding rounded off, which adds to any distance."""
         if d is None or not anchor_norm:
             return None
-        return math.hypot((START_ROUNDS + self.apart_rounds()) * d, noise) / anchor_norm
+        return math.hypot((self.s.start_rounds + self.apart_rounds()) * d, noise) / anchor_norm
 
     def apart_distance(self, d: float | None, anchor_norm: float | None) -> float:
         """What the gate's learned relative bound widens by (`apart_rounds` of progress `d`)."""

@@ -21,6 +21,7 @@ import math
 
 import torch
 
+from p2p_diloco.admission import BoundsSettings
 from p2p_diloco.config import DiLoCoConfig, TrainConfig
 from p2p_diloco.core.data import BatchSampler
 from p2p_diloco.core.influence import InfluenceBound
@@ -33,13 +34,14 @@ from p2p_diloco.core.params import CHUNK, ParamSlices
 class OuterLoop:
     """The outer state of one island over a model's trainable parameters (see the module docstring)."""
 
-    def __init__(self, name: str, model: torch.nn.Module, cfg: DiLoCoConfig) -> None:
+    def __init__(self, name: str, model: torch.nn.Module, cfg: DiLoCoConfig, bounds: BoundsSettings | None = None) -> None:
+        """`bounds`: the settings of the bounds learned from the island's own rounds (`core.influence`)."""
         self.name, self.model, self.cfg = name, model, cfg
         self.momentum = momentum_mode(cfg.momentum)
         self.slices = ParamSlices(model)
         outer_device = torch.device("cpu") if cfg.offload_outer else self.slices.device
         self.state = OuterState.fresh(self.slices.gather(outer_device))
-        self.influence = InfluenceBound(cfg.outer_momentum)
+        self.influence = InfluenceBound(cfg.outer_momentum, bounds)
         self.round_steps = 0
         self.last_loss: float | None = None
 
@@ -56,19 +58,13 @@ class OuterLoop:
         return self.state.phi - self.params_vector()
 
     def weight(self, partner: PartnerState, count: bool = True) -> float:
-        """The mixing weight of a partner's state now (0 = skip it; `core.outer.mixing_weight`), cut so
-        that the partner moves the anchor by a bounded amount (`core.influence`) and by the effect
-        measured (`PartnerState.cut`); `count`: a mix uses it (`InfluenceBound.clipped`)."""
-        a = mixing_weight(self.cfg, self.state.version, self.state.tokens, partner)
-        if a <= 0:
-            return a
-        cut = a if partner.gap is None else self.influence.clip(a, partner.gap, self.progress())
-        cut = min(cut * partner.cut, partner.cap)
-        if count and cut < a:
-            self.influence.clipped += 1
-        if count and cut > 0:
+        """The mixing weight of a partner's state now (0 = skip it; `core.outer.mixing_weight`), at most
+        the weight its admission decided (`PartnerState.cap`); `count`: a mix uses it (the rounds
+        unmixed halve, `InfluenceBound.mixed`)."""
+        a = min(mixing_weight(self.cfg, self.state.version, self.state.tokens, partner), partner.cap)
+        if count and a > 0:
             self.influence.mixed()
-        return cut
+        return max(0.0, a)
 
     @torch.no_grad()
     def progress(self) -> float | None:
@@ -116,7 +112,7 @@ class OuterLoop:
     @torch.no_grad()
     def shift_running(self, partner: PartnerState, a: float) -> None:
         """Move the running weights alone by `a (phi_j - phi_i)` (a negative `a` takes the move back, up
-        to the weights' rounding): what a mix on arrival does to them (`peers.probe`)."""
+        to the weights' rounding): what a mix on arrival does to them (`peers.admission.probe`)."""
         s = self.state
         for i, j, theta in self.slices:
             shift = (partner.phi[i:j].to(s.phi.device, non_blocking=True) - s.phi[i:j]).mul_(a)

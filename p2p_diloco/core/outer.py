@@ -51,17 +51,12 @@ class PartnerState:
     tokens: int
     peer: str = ""
     extra: dict = field(default_factory=dict)
-    gap: float | None = None
-    """`|phi_j - phi_i|` as measured when the state arrived (`peers.plausibility`); the mix's weight is
-    bounded by it (`core.influence`). None: not measured (the simulator's honest partners)."""
-    cut: float = 1.0
-    """A factor on the mix's weight, below 1 where the mix was measured to raise the island's held-out
-    loss by more than it tolerates (`peers.probe`)."""
     m_scale: float = 1.0
     """A factor on its momentum, below 1 where its norm exceeds the bound learned from the island's own
-    momenta (`core.influence.InfluenceBound.momentum_scale`)."""
+    momenta (`peers.admission`)."""
     cap: float = 1.0
-    """The most weight it may be mixed with (`peers.drift`: what its past mixes moved the island)."""
+    """The most weight it may be mixed with: the weight its admission decided (`peers.admission`; 1: no
+    bound, the simulator's honest partners)."""
 
 
 def nesterov_(phi: torch.Tensor, m: torch.Tensor, delta: torch.Tensor, lr: float, mu: float) -> torch.Tensor:

@@ -265,6 +265,22 @@ def test_a_hostile_member_publishing_nan_is_refused_and_the_honest_ones_train_on
     assert hostile.proc.wait(30) in (0, 143), hostile.tail()
 
 
+def test_a_member_honest_but_for_what_it_publishes_mixes_its_partners_states(procs, tmp_path):
+    """Fault injection builds the member through the island's own construction (`peers.parts`): its
+    rounds, checks and gossip worker hold the publisher that lies, so a member that claims version
+    +1000 and tokens x1000 over public-state updates mixes its honest partner's updates against the
+    public state it publishes, as any island does (with the publisher swapped in afterwards, its own
+    public state stayed empty and it refused every update)."""
+    _, entry = start_bootstrap(procs, tmp_path)
+    flags = ("-H", "5", "--max-rounds", "1000000", "--exchange", "updates", "--wait-for", "2")
+    member = IslandProc(procs, tmp_path, "member", entry, *flags, "--poison", "claims", command=("bench", "member"))
+    honest = IslandProc(procs, tmp_path, "h0", entry, *flags)
+    s_member, s_honest = run_until_mixed([member, honest], 4, 150)
+    mixed = [r for r in member.rounds() if r.get("partner") == honest.peer_id and r.get("weight")]
+    assert any(r.get("fetched") == "updates" for r in mixed), (s_member, member.tail())
+    assert s_honest["claims_clipped"] >= 1 and member.peer_id in honest.mixed_partners(), s_honest
+
+
 def test_islands_on_a_link_too_slow_for_their_state_say_they_train_alone(procs, tmp_path):
     # whole states only: a state of ~180 kB at an emulated 0.2 Mbit/s takes ~7 s, dozens of rounds of 4
     # steps: what arrives is too stale to mix, no fetch fails while both train, and each island says so,

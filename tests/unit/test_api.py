@@ -247,9 +247,9 @@ def test_an_island_catching_up_trains_on_while_it_downloads_and_then_adopts(tmp_
             ahead.step()
         record = ahead.record()
         monkeypatch.setattr(behind.membership, "members", lambda: {record.peer_id: record})
-        behind.checks.catch_up_from(record.peer_id, record.version)
+        behind.catching_up.start(record.peer_id, record.version)
         steps, t0 = 0, time.monotonic()
-        while behind.checks.catch_up is not None:
+        while behind.catching_up.running is not None:
             behind.step()
             steps += 1
             assert time.monotonic() - t0 < 30

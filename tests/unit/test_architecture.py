@@ -153,13 +153,14 @@ def test_imports_run_one_way():
     assert wrong == [], "imports against the layers of docs/DESIGN.md"
 
 
-def test_core_imports_only_config_and_errors_from_the_project():
+def test_core_imports_only_the_settings_and_errors_from_the_project():
     outside = {dep for module, deps in GRAPH.items() if module.startswith("p2p_diloco.core")
                for dep in deps if not dep.startswith("p2p_diloco.core")}
-    assert outside <= {"p2p_diloco.config", "p2p_diloco.errors", "p2p_diloco.addresses"}, outside
+    assert outside <= {"p2p_diloco.config", "p2p_diloco.admission", "p2p_diloco.errors", "p2p_diloco.addresses"}, outside
 
 
-BOTTOM = ("p2p_diloco", "p2p_diloco.errors", "p2p_diloco.config", "p2p_diloco.choices", "p2p_diloco.addresses",
+BOTTOM = ("p2p_diloco", "p2p_diloco.errors", "p2p_diloco.config", "p2p_diloco.admission", "p2p_diloco.choices",
+          "p2p_diloco.addresses",
           "p2p_diloco.terminal")
 MIDDLE = {
     "p2p_diloco.sim": ("p2p_diloco.sim", "p2p_diloco.core", "p2p_diloco.exchange.cost"),

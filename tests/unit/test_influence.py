@@ -2,23 +2,34 @@
 
 Two islands of a small model train a few rounds from the same weights, mixing each other's states;
 then each kind of state a broken or hostile member publishes (`bench member --poison`) is measured
-against one of them as a partner's state arriving is (`peers.plausibility.measure`) and judged as
-`peers.checks.PartnerChecks` judges it.
+against one of them as a partner's state arriving is (`peers.admission.plausibility.measure`) and judged as
+the island's admission judges it (`peers.admission`, every check in the default order).
 """
 
 import statistics
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
 from p2p_diloco.core.data import BatchSampler
-from p2p_diloco.core.influence import APART_AFTER, APART_MOST, CLIP, MOMENTUM_CLIP, START_ROUNDS, InfluenceBound
+from p2p_diloco.admission import AdmissionConfig, BoundsSettings
+from p2p_diloco.core.influence import InfluenceBound
 from p2p_diloco.core.island import Island
 from p2p_diloco.core.model import build_model
 from p2p_diloco.core.outer import PartnerState
-from p2p_diloco.peers.checks import PartnerChecks
-from p2p_diloco.peers.plausibility import measure
+from p2p_diloco.peers.admission.admission import Admission
+from p2p_diloco.peers.admission.plausibility import measure
+from p2p_diloco.peers.admission.protocol import Candidate
+from p2p_diloco.peers.admission.registry import build_checks
+from p2p_diloco.peers.identity import Identity
+
+SNAP = SimpleNamespace(meta={}, endpoint="tcp://b")
+"""The snapshot a state came in, as the `identity` check reads it (a manifest naming no model or run)."""
+BOUNDS = BoundsSettings()
+APART_AFTER, APART_MOST, CLIP, MOMENTUM_CLIP, START_ROUNDS = (BOUNDS.apart_after, BOUNDS.apart_most, BOUNDS.clip,
+                                                              BOUNDS.momentum_clip, BOUNDS.start_rounds)
 
 ROUNDS = 6
 
@@ -53,14 +64,18 @@ def _judge(island: Island, phi: torch.Tensor, m: torch.Tensor | None = None, ver
            honest: float = 0.0):
     """Why `island` refuses this state (None: it does not), what it measured, and the weight it
     would mix it with; its gate has learned the distance `honest` (0: it has learned nothing)."""
-    checks = PartnerChecks(None, island, None, None, None)
+    admission = admission_of(island)
     for _ in range(4 if honest else 0):
-        checks.gate.accepted.append(honest)
+        admission.check("gate").accepted.append(honest)
     state = PartnerState(phi, m, island.state.version if version is None else version, island.state.tokens)
     measured = measure(island.state.phi, phi, island.state.m, m)
-    why = checks.judge(state, measured, island.progress())
-    weight = island.weight(PartnerState(phi, m, state.version, state.tokens, gap=measured.gap))
-    return why, measured, weight
+    folded = admission.fold(Candidate("b", SNAP, state, measured))
+    return (None if folded.refusal is None else folded.refusal.refused), measured, folded.weight
+
+
+def admission_of(island: Island) -> Admission:
+    """The admission `island` would run with the default checks (no probe)."""
+    return Admission(build_checks(AdmissionConfig(), island), Identity("a", "a", "", ""), island, None, None, dict)
 
 
 def test_an_honest_partner_passes_and_its_mix_is_not_cut(trained):
@@ -168,19 +183,28 @@ def test_a_public_state_is_measured_by_the_share_of_its_difference_a_mix_takes()
 
 def test_the_weight_is_cut_to_the_bound():
     bound = InfluenceBound(outer_momentum=0.5)
-    assert bound.clip(0.5, gap=10.0, d=None) == 0.5  # nothing to learn from yet
-    assert bound.clip(0.5, gap=1.0, d=1.0) == 0.5
-    assert bound.clip(0.5, gap=10.0, d=1.0) == pytest.approx(CLIP / 10.0)
+    assert bound.clip(gap=10.0, d=None) == 1.0  # nothing to learn from yet
+    assert bound.clip(gap=1.0, d=1.0) == 1.0
+    assert bound.clip(gap=10.0, d=1.0) == pytest.approx(CLIP / 10.0)
 
 
-def test_a_mix_whose_weight_a_bound_cut_is_counted(trained):
+def test_the_weight_is_decided_once_by_the_admission_and_a_cut_one_is_counted_as_bounded(trained):
+    """The island mixes with the weight its admission decided (`PartnerState.cap`), never more; a weight
+    a check cut below the base weight is reported as `bounded` and counted."""
     a, b, _, _ = trained
-    state, clipped = b.state, a.influence.clipped
-    far = PartnerState(state.phi, state.m, a.state.version, a.state.tokens, gap=1e6)
-    assert a.weight(far, count=False) < 0.5 and a.influence.clipped == clipped
-    assert a.weight(far) < 0.5 and a.influence.clipped == clipped + 1
-    effect = PartnerState(state.phi, state.m, a.state.version, a.state.tokens, cut=0.25)
-    assert a.weight(effect) == pytest.approx(0.5 * 0.25) and a.influence.clipped == clipped + 2
+    state = b.state
+    assert a.weight(PartnerState(state.phi, state.m, a.state.version, a.state.tokens, cap=0.125)) == 0.125
+    admission = admission_of(a)
+    honest = measure(a.state.phi, state.phi).distance
+    for _ in range(4):
+        admission.check("gate").accepted.append(honest)
+    noise = torch.randn(state.phi.numel(), generator=torch.Generator().manual_seed(0))
+    noisy = state.phi + noise * (4 * honest * a.state.phi.norm() / noise.norm())
+    far = measure(a.state.phi, noisy, a.state.m, state.m)
+    folded = admission.fold(Candidate("b", SNAP, PartnerState(noisy, state.m, a.state.version, a.state.tokens), far))
+    assert folded.refusal is None and folded.base == 0.5
+    assert folded.weight == pytest.approx(CLIP * a.progress() / far.trained, rel=1e-6) and folded.weight < 0.5
+    assert folded.figures["bounded"] and admission.counts["bounded"] == 1
 
 
 def test_before_its_first_outer_step_an_island_measures_its_progress_so_far():

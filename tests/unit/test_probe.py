@@ -1,11 +1,10 @@
-"""`peers.probe`: a partner's mix judged by its effect on a held-out loss, its weight cut to keep it.
+"""`peers.admission.probe`: a partner's mix judged by its effect on a held-out loss, its weight cut to keep it.
 
 Two islands of a small model train a few rounds on two parts of one text, mixing each other's
 states; a third part is held out. Mid-round, the first island probes an honest partner's state and
 the state of a stuck member (its initial weights).
 """
 
-from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -17,7 +16,10 @@ from p2p_diloco.core.inner import evaluate
 from p2p_diloco.core.island import Island
 from p2p_diloco.core.model import build_model
 from p2p_diloco.core.outer import PartnerState
-from p2p_diloco.peers.probe import FLOOR, ROUNDS, START, WINDOW, EffectProbe
+from p2p_diloco.admission import ProbeSettings
+from p2p_diloco.peers.admission.probe import EffectProbe
+
+FLOOR, ROUNDS, START, WINDOW = ProbeSettings().floor, ProbeSettings().rounds, ProbeSettings().start, ProbeSettings().window
 
 TRAINED = 6
 TEXT = load_corpus(max_bytes=1_000_000).train[:60_000]  # the embedded corpus: fixed, unlike the docs
@@ -59,18 +61,34 @@ def _state(island: Island, phi: torch.Tensor, m: torch.Tensor) -> PartnerState:
 def test_an_honest_mix_is_left_as_it_is_and_stuck_training_s_is_cut(trained):
     """Judged at the tolerance of an island whose loss no longer falls (`FLOOR`)."""
     a, b, initial, probe = trained
-    honest = probe.effect(_state(a, b.state.phi, b.state.m))
-    stuck = probe.effect(_state(a, initial, b.state.m))
+    honest = probe.effect(_state(a, b.state.phi, b.state.m), 0.5)
+    stuck = probe.effect(_state(a, initial, b.state.m), 0.5)
     now, loss = probe.seen[-1]
     probe.seen.appendleft((now - 1.0, loss))
     assert probe.tolerance() == FLOOR
-    assert honest < FLOOR / 2 and probe.cut(honest, "b") == 1.0
-    assert stuck > 2 * FLOOR and probe.cut(stuck, "stuck") == pytest.approx(FLOOR / stuck)
-    cut = replace(_state(a, initial, b.state.m), cut=FLOOR / stuck)
-    assert probe.effect(cut) <= FLOOR * 1.05  # the loss is about convex along the mix: the cut keeps the bound
-    assert probe.cut(stuck, "stuck") == pytest.approx(FLOOR / 2 / stuck)  # cut twice running: half the bound
-    assert probe.cut(stuck, "stuck") == pytest.approx(FLOOR / 4 / stuck)
-    assert probe.cut(honest, "stuck") == 1.0 and probe.cut(stuck, "stuck") == pytest.approx(FLOOR / stuck)
+    assert honest < FLOOR / 2 and probe.cut(honest, strikes=0) == 1.0
+    assert stuck > 2 * FLOOR and probe.cut(stuck, strikes=0) == pytest.approx(FLOOR / stuck)
+    stuck_state = _state(a, initial, b.state.m)
+    assert probe.effect(stuck_state, 0.5 * FLOOR / stuck) <= FLOOR * 1.05  # about convex along the mix: the cut keeps the bound
+    assert probe.cut(stuck, strikes=1) == pytest.approx(FLOOR / 2 / stuck)  # cut twice running: half the bound
+    assert probe.cut(stuck, strikes=2) == pytest.approx(FLOOR / 4 / stuck)
+
+
+def test_the_probe_s_cuts_in_a_row_are_the_ledger_s_strikes(trained):
+    """As a check: a partner whose mixes it cut keeps a strike per cut in a row, and one it left as it
+    was starts over."""
+    from p2p_diloco.peers.admission.ledger import PartnerLedger
+    from p2p_diloco.peers.admission.protocol import Candidate, Island
+
+    a, b, initial, probe = trained
+    island = Island(a, PartnerLedger(), None, dict, a.progress())
+    stuck = Candidate("stuck", None, _state(a, initial, b.state.m), weight=0.5)
+    honest = Candidate("stuck", None, _state(a, b.state.phi, b.state.m), weight=0.5)
+    probe.seen.appendleft((probe.seen[-1][0] - 1.0, probe.seen[-1][1]))  # (a round seen: the floor applies)
+    first, second = probe.judge(stuck, island), probe.judge(stuck, island)
+    assert first.factor < 1 and second.factor == pytest.approx(first.factor / 2, rel=0.05)
+    assert island.ledger["stuck"].strikes == 2 and "probe" in first.figures
+    assert probe.judge(honest, island).factor == 1.0 and island.ledger["stuck"].strikes == 0
 
 
 def test_the_tolerance_follows_the_island_s_own_progress():
@@ -91,14 +109,13 @@ def test_the_tolerance_follows_the_island_s_own_progress():
 
 def test_the_probe_leaves_the_running_weights_and_the_bound_count_as_they_were(trained):
     a, b, initial, probe = trained
-    running, clipped = a.params_vector(), a.influence.clipped
-    far = replace(_state(a, initial * 3, b.state.m), gap=(initial * 3 - a.state.phi).norm().item())  # cut by the bound
-    assert probe.effect(far) is not None
+    running, unmixed = a.params_vector(), a.influence.unmixed
+    assert probe.effect(_state(a, initial * 3, b.state.m), 0.01) is not None
     assert torch.allclose(a.params_vector(), running, atol=1e-6)
-    assert a.influence.clipped == clipped  # only a mix counts as bounded
+    assert a.influence.unmixed == unmixed  # (no mix)
 
 
 def test_nothing_to_judge_when_the_state_would_not_be_mixed(trained):
     a, b, _, probe = trained
     too_stale = PartnerState(b.state.phi, b.state.m, a.state.version - 100, a.state.tokens)
-    assert probe.effect(too_stale) is None and probe.cut(None, "b") == 1.0
+    assert probe.effect(too_stale, 0.0) is None and probe.cut(None, strikes=3) == 1.0

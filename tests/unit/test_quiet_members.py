@@ -1,17 +1,26 @@
-"""Members that lie quietly: claims counted only as far as they can be checked (`peers.claims`), a
+"""Members that lie quietly: claims counted only as far as they can be checked (`peers.admission.claims`), a
 momentum mixed at most at a bound learned from the island's own (`core.influence`), and a memory of
-what each partner's mixes moved the island (`peers.drift`), judged as `peers.checks` judges them."""
+what each partner's mixes moved the island (`peers.admission.drift`), judged as the island's admission judges them (`peers.admission`)."""
 
 import pytest
 import torch
 
 from p2p_diloco.bench.attack import judged
-from p2p_diloco.core.influence import MOMENTUM_CLIP, InfluenceBound
+from types import SimpleNamespace
+
+from p2p_diloco.admission import BoundsSettings, ClaimsSettings, DriftSettings
+from p2p_diloco.core.influence import InfluenceBound
 from p2p_diloco.core.params import CHUNK
 from p2p_diloco.discovery.records import IslandRecord
-from p2p_diloco.peers.claims import TOKEN_RATE, VERSION_AHEAD, ClaimBounds, median_version
-from p2p_diloco.peers.drift import DECAY, DRIFT_ROUNDS, DriftMemory, Sketcher
-from p2p_diloco.peers.plausibility import measure
+from p2p_diloco.peers.admission.claims import ClaimsCheck, median_version
+from p2p_diloco.peers.admission.drift import DriftCheck, Sketcher
+from p2p_diloco.peers.admission.ledger import PartnerLedger
+from p2p_diloco.peers.admission.plausibility import measure
+from p2p_diloco.peers.admission.protocol import Candidate, Island
+
+MOMENTUM_CLIP = BoundsSettings().momentum_clip
+VERSION_AHEAD, TOKEN_RATE = ClaimsSettings().version_ahead, ClaimsSettings().token_rate
+DRIFT_ROUNDS, DECAY = DriftSettings().rounds, DriftSettings().decay
 
 N = 2 * CHUNK + 12_345  # three slices, the last one short
 
@@ -22,17 +31,17 @@ def test_honest_claims_are_counted_as_they_are_and_a_false_one_is_clipped():
              for i, v in enumerate([40, 41, 41, 1041])}
     swarm["new"] = IslandRecord(peer_id="new", endpoint="tcp://127.0.0.1:1", version=5000, state="joining")
     assert median_version(swarm) == 41 and median_version({}) is None
-    claims = ClaimBounds(lambda: median_version(swarm))
+    claims, median = ClaimsCheck(), median_version(swarm)
     # before its first round it knows no tokens per round: the version alone is bounded
-    assert claims.count(41, 2000, 10**9) == (42, 10**9, "version 2000 counted as 42")
+    assert claims.count(41, 2000, 10**9, median) == (42, 10**9, "version 2000 counted as 42")
     claims.own_round(1000)  # this island trains 1000 tokens a round
-    assert claims.count(41, 42, 42_000) == (42, 42_000, None)  # an honest partner a version ahead
-    assert claims.count(41, 30, 20_000) == (30, 20_000, None)  # an honest one behind
-    v, t, what = claims.count(41, 41 + 1000, 41_000 * 1000)
+    assert claims.count(41, 42, 42_000, median) == (42, 42_000, None)  # an honest partner a version ahead
+    assert claims.count(41, 30, 20_000, median) == (30, 20_000, None)  # an honest one behind
+    v, t, what = claims.count(41, 41 + 1000, 41_000 * 1000, median)
     assert v == 41 + VERSION_AHEAD and t == int(TOKEN_RATE * v * 1000)
     assert what == f"version 1041 counted as {v}, tokens 41000000 counted as {t}" and claims.clipped == 2
     # an island resumed far behind the swarm counts the swarm's versions, as the members' median says
-    assert claims.count(5, 41, 41_000)[0] == 41
+    assert claims.count(5, 41, 41_000, median)[0] == 41
 
 
 def test_a_momentum_a_few_times_the_islands_own_is_mixed_at_the_learned_bound():
@@ -66,32 +75,47 @@ def _partner(own: torch.Tensor, m: torch.Tensor, extra: torch.Tensor, g: torch.G
     return measure(own, own + noise * (r / noise.norm()) + extra, m, sketch=Sketcher(seed=2))
 
 
+class _Drift:
+    """The `drift` check with its ledger, judging moves as the admission has it judge them."""
+
+    def __init__(self) -> None:
+        self.check, self.ledger = DriftCheck(), PartnerLedger()
+
+    def judge(self, peer: str, move: torch.Tensor, d: float) -> tuple[float, str | None]:
+        island = Island(None, self.ledger, None, dict, d)
+        verdict = self.check.judge(Candidate(peer, None, None, SimpleNamespace(move=move)), island)
+        return (0.0 if verdict.refused else verdict.cap), verdict.refused
+
+    def mixed(self, peer: str, weight: float) -> None:
+        self.check.mixed(peer, weight, self.ledger)
+
+
 def test_honest_differences_come_and_go_a_drift_is_capped_then_refused():
     g = torch.Generator().manual_seed(0)
     own, m = torch.randn(N, generator=g), torch.randn(N, generator=g)
     direction = torch.randn(N, generator=g)
     direction /= direction.norm()
     r = d = float(own.norm()) * 1e-3  # a difference of one round of progress
-    memory = DriftMemory()
+    memory = _Drift()
     for _ in range(20):  # an honest partner, and one a round ahead along the island's own progress
         for peer, extra in (("honest", 0.0), ("ahead", m * (r / m.norm()))):
-            cap, _, why = memory.judge(peer, _partner(own, m, extra, g, r).move, d)
+            cap, why = memory.judge(peer, _partner(own, m, extra, g, r).move, d)
             assert why is None and cap >= 0.99, (peer, cap)
             memory.mixed(peer, 0.5)
     caps = []
     for t in range(1, 20):  # the drift: a fixed direction, half a round farther every round
         move = _partner(own, m, direction * (0.5 * t * r), g, r).move
-        cap, _, why = memory.judge("drift", move, d)
+        cap, why = memory.judge("drift", move, d)
         assert why is None
         caps.append(cap)
         memory.mixed("drift", min(0.5, cap))
     assert caps[0] == 1.0 and caps[-1] < 0.1 and min(caps[:8]) < 0.5, caps
     # mixed ever more lightly: what a mix at the cap moves, at most what the decay frees at each mix
     assert min(0.5, caps[-1]) * float(move.norm()) <= DRIFT_ROUNDS * (1 - DECAY) * d * 1.05
-    assert memory.along("drift", move) <= DRIFT_ROUNDS * d * 1.001  # (at the cap: the bound, to rounding)
-    memory.pending["drift"] = move  # a mix past the cap (in no round of an island's): the next state is refused
+    assert DriftCheck.along(memory.ledger["drift"].drift, move) <= DRIFT_ROUNDS * d * 1.001  # (at the cap: the bound)
+    memory.ledger["drift"].pending = move  # a mix past the cap (in no round of an island's): the next is refused
     memory.mixed("drift", 1.0)
-    cap, _, why = memory.judge("drift", move, d)
+    cap, why = memory.judge("drift", move, d)
     assert cap == 0.0 and why.startswith("drift: its earlier mixes moved this island") and f"bound {DRIFT_ROUNDS:g}" in why
 
 

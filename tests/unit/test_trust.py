@@ -13,7 +13,10 @@ import torch
 
 from p2p_diloco.core import codecs
 from p2p_diloco.peers.partners import REFUSALS_TO_DROP, SET_ASIDE_S, PartnerChooser
-from p2p_diloco.peers.plausibility import MIN_HISTORY, START_BOUND, PlausibilityGate, relative_distance
+from p2p_diloco.admission import GateSettings
+from p2p_diloco.peers.admission.plausibility import PlausibilityGate, relative_distance
+
+MIN_HISTORY, START_BOUND = GateSettings().min_history, GateSettings().start_bound
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,14 +37,14 @@ def test_the_gate_refuses_what_no_honest_partner_sends_and_learns_the_swarms_dis
     attacks = {"scaled x1e6": own * 1e6, "random": torch.randn_like(own) * own.std(),
                "another run": torch.randn_like(own) * 0.02 + 0.001 * torch.randn_like(own)}
     for name, state in attacks.items():  # before any history: the start bound
-        assert gate.judge(relative_distance(own, state)) is not None, name
+        assert gate.judge_distance(relative_distance(own, state)) is not None, name
     assert gate.bound() == START_BOUND
     for state in honest:
-        assert gate.judge(relative_distance(own, state)) is None
+        assert gate.judge_distance(relative_distance(own, state)) is None
     learned = gate.bound()
     assert learned < START_BOUND / 2  # tightened to the swarm's own distances (~0.05 here, x8)
-    assert gate.judge(relative_distance(own, own * 1.5)) is not None  # 0.5 away: now refused
-    assert gate.judge(float("nan")) is not None and gate.judge(None) is None
+    assert gate.judge_distance(relative_distance(own, own * 1.5)) is not None  # 0.5 away: now refused
+    assert gate.judge_distance(float("nan")) is not None and gate.judge_distance(None) is None
 
 
 def test_a_partner_refused_again_and_again_is_set_aside_for_longer_each_time_not_for_ever():

@@ -1,6 +1,6 @@
 """Judge a partner's state by what its mix does: a held-out loss with and without it.
 
-Where a state sits (`peers.plausibility`, `core.influence`) cannot tell every broken or hostile
+Where a state sits (`peers.admission.plausibility`, `core.influence`) cannot tell every broken or hostile
 member from an honest one: a member whose training is stuck publishes weights a few rounds old, one
 that reverses its last change publishes weights a round or two back, and both sit as close to the
 island as honest partners do early in a run, when every round moves the weights far. What the mix
@@ -19,7 +19,8 @@ partner trained on other data raises this island's loss as well (by 4-12% in `be
 The probe runs on the training thread, between inner steps, for every state that passed the other
 checks: two forward passes over the probe batch and two passes over the weights, no copy of them
 (BENCHMARKS.md, "Judged by effect", measures its cost and what it buys). An island without a probe
-(`probe_fn=None` in the API) skips it.
+(`probe_fn=None` in the API) skips it. `FLOOR`, `ROUNDS`, `START` and `WINDOW` are
+`p2p_diloco.admission.ProbeSettings`' fields; the cuts in a row are the ledger's `strikes`.
 """
 
 from __future__ import annotations
@@ -28,32 +29,21 @@ import math
 from collections import deque
 from collections.abc import Callable
 
+from p2p_diloco.admission import ProbeSettings
 from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.outer import PartnerState
-
-FLOOR = 0.01
-"""A mix may always raise the probe loss by this fraction of it: late in a run, honest mixes stay
-under it (at most 0.9% in `bench attack`'s runs), a state a round or two behind does not (1.4-2%)."""
-ROUNDS = 0.5
-"""... or by this many of the island's own recent rounds of progress (the relative drop of its probe
-loss per round): early in a run, when every round lowers the loss by several percent, honest
-mixes of states trained on other data raise it by up to a few percent."""
-START = 0.05
-"""The bound until the island measured its progress over a whole round."""
-WINDOW = 4.0
-"""Rounds its progress is measured over."""
-
+from p2p_diloco.peers.admission.protocol import ADMIT, Candidate, Island, Verdict
 
 class EffectProbe:
-    """The probe loss of the island's running weights with and without a partner's mix."""
+    """`probe`: the probe loss of the island's running weights with and without a partner's mix."""
 
-    def __init__(self, outer: OuterLoop, loss: Callable[[], float]) -> None:
+    name = "probe"
+
+    def __init__(self, outer: OuterLoop, loss: Callable[[], float], settings: ProbeSettings | None = None) -> None:
         """`loss()`: the model's mean loss over fixed held-out batches, at its running weights."""
-        self.outer, self.loss = outer, loss
+        self.outer, self.loss, self.s = outer, loss, settings or ProbeSettings()
         self.seen: deque[tuple[float, float]] = deque()
-        """(when, in the island's rounds; the probe loss then) over the last `WINDOW` rounds."""
-        self.strikes: dict[str, int] = {}
-        """Partners whose last mixes were cut, and how many in a row."""
+        """(when, in the island's rounds; the probe loss then) over the last `window` rounds."""
 
     def _when(self) -> float:
         return self.outer.state.version + self.outer.round_steps / max(1, self.outer.cfg.local_steps)
@@ -68,18 +58,17 @@ class EffectProbe:
     def tolerance(self) -> float:
         """How much a mix may raise the probe loss now, relative to it."""
         p = self.progress()
-        return START if p is None else max(FLOOR, ROUNDS * p)
+        return self.s.start if p is None else max(self.s.floor, self.s.rounds * p)
 
     def _saw(self, loss: float) -> None:
         now = self._when()
         self.seen.append((now, loss))
-        while len(self.seen) > 2 and now - self.seen[1][0] >= WINDOW:
+        while len(self.seen) > 2 and now - self.seen[1][0] >= self.s.window:
             self.seen.popleft()
 
-    def effect(self, partner: PartnerState) -> float | None:
-        """How much mixing `partner` now would change the probe loss, relative to it (None: it would not
-        be mixed, or the loss is not finite)."""
-        a = self.outer.weight(partner, count=False)
+    def effect(self, partner: PartnerState, a: float) -> float | None:
+        """How much mixing `partner` now with weight `a` would change the probe loss, relative to it
+        (None: it would not be mixed, or the loss is not finite)."""
         if a <= 0:
             return None
         before = self.loss()
@@ -93,16 +82,24 @@ class EffectProbe:
         self._saw(before)
         return (after - before) / before if math.isfinite(after) else math.inf
 
-    def cut(self, effect: float | None, peer: str) -> float:
-        """The factor on the mix's weight that keeps its effect within the tolerance (1: none needed).
-        Along the line from the running weights to the mixed ones the loss is about convex, so a
-        weight cut by `tolerance / effect` raises it by at most the tolerance. A partner whose mixes
-        were cut `n` times in a row is held to `2^-n` of the tolerance: an honest one is seldom cut
-        twice running, a stuck, reversed or other-data one each time."""
+    def cut(self, effect: float | None, strikes: int) -> float:
+        """The factor on the mix's weight that keeps its effect within the tolerance (1: none needed),
+        for a partner whose last `strikes` mixes were cut. Along the line from the running weights to
+        the mixed ones the loss is about convex, so a weight cut by `tolerance / effect` raises it by
+        at most the tolerance. A partner cut `n` times in a row is held to `2^-n` of the tolerance:
+        an honest one is seldom cut twice running, a stuck, reversed or other-data one each time."""
         bound = self.tolerance()
         if effect is None or effect <= bound:
-            self.strikes.pop(peer, None)
             return 1.0
-        n = self.strikes.get(peer, 0)
-        self.strikes[peer] = n + 1
-        return bound / 2 ** n / effect
+        return bound / 2 ** strikes / effect
+
+    def judge(self, candidate: Candidate, island: Island) -> Verdict:
+        effect = self.effect(candidate.state, candidate.weight)
+        if effect is None:
+            return ADMIT
+        if not math.isfinite(effect):
+            return Verdict(refused="harmful: mixing it makes this island's probe loss non-finite")
+        entry = island.ledger[candidate.peer]
+        factor = self.cut(effect, entry.strikes)
+        entry.strikes = 0 if factor == 1.0 else entry.strikes + 1
+        return Verdict(factor=factor, figures={"probe": round(effect, 5)})

@@ -8,7 +8,7 @@ gate measures the relative distance `r = |phi_j - phi_i| / |phi_i|` of every fet
 refuses one far outside the distances of the states it accepted recently:
 
 - before `MIN_HISTORY` accepted states: `r` within a few of the island's own rounds of progress
-  (`core.influence.START_ROUNDS`), or, before its first outer step, `r <= START_BOUND` (a state as
+  (`START_ROUNDS`), or, before its first outer step, `r <= START_BOUND` (a state as
   far from ours as our own weights are large is no partner's; a random or another run's state
   lands near sqrt(2));
 - then `r <= max(RATIO x median, median + SPREAD x 1.4826 x MAD)` over the last `HISTORY` accepted
@@ -16,7 +16,8 @@ refuses one far outside the distances of the states it accepted recently:
 
 The distance is computed on the gossip worker's thread as the state arrives (`measure`), so a
 refused state costs the training loop nothing; a refused partner backs off and, refused again and
-again, is never chosen again (`PartnerChooser.refused`).
+again, is never chosen again (`PartnerChooser.refused`). The constants named here are
+`p2p_diloco.admission.GateSettings`' fields (`START_ROUNDS`: `BoundsSettings.start_rounds`).
 """
 
 from __future__ import annotations
@@ -28,22 +29,11 @@ from dataclasses import dataclass
 
 import torch
 
+from p2p_diloco.admission import GateSettings
 from p2p_diloco.core.codecs import EncodedVector, rounding_error
 from p2p_diloco.core.params import CHUNK
-from p2p_diloco.peers.drift import SKETCHER, Sketcher
-
-HISTORY = 32
-"""Accepted distances remembered."""
-MIN_HISTORY = 4
-"""Accepted distances needed before the learned bound replaces `START_BOUND`."""
-START_BOUND = 1.0
-"""The bound on `r` until then."""
-RATIO = 8.0
-"""A state may be this many times farther than the median accepted one (mixing on arrival pulls
-honest islands together, so distances vary a lot relative to a small median)."""
-SPREAD = 6.0
-"""... or this many (normal-scaled) median absolute deviations above the median."""
-
+from p2p_diloco.peers.admission.drift import SKETCHER, Sketcher
+from p2p_diloco.peers.admission.protocol import ADMIT, Candidate, Island, Verdict
 
 def _slice(x, i: int, device: torch.device | None = None) -> torch.Tensor:
     part = x[i : i + CHUNK]
@@ -92,7 +82,7 @@ class Measured:
     noise: float = 0.0
     """What its encoding took from `phi_j` (`codecs.rounding_error`): part of `gap` that no training made."""
     move: torch.Tensor | None = None
-    """A sketch (`peers.drift`) of what a mix with weight 1 moves the anchor by, less its part along this
+    """A sketch (`peers.admission.drift`) of what a mix with weight 1 moves the anchor by, less its part along this
     island's momentum (None: not sketched)."""
 
     @property
@@ -109,7 +99,7 @@ def measure(own, theirs, own_m=None, their_m=None, base=None, share: float = 1.0
     this island's own, whose difference is what a mix adds to the anchor, `share` of it where updates
     come in fragments: `core.public.mixed_share`). The gate's `distance` is of the whole difference,
     as every distance it learned; the rest is of what the mix moves, the share, sketched for the
-    island's memory of each partner's mixes (`peers.drift`) with `sketch`."""
+    island's memory of each partner's mixes (`peers.admission.drift`) with `sketch`."""
     gap = own_sq = their_sq = along = m_sq = 0.0
     move, m_sketch = sketch.empty(), sketch.empty()
     for i in range(0, own.numel(), CHUNK):
@@ -134,32 +124,48 @@ def measure(own, theirs, own_m=None, their_m=None, base=None, share: float = 1.0
 
 
 class PlausibilityGate:
-    """The bound a partner state's relative distance must keep (see the module docstring)."""
+    """`gate`: the bound a partner state's relative distance must keep (see the module docstring)."""
 
-    def __init__(self) -> None:
-        self.accepted: deque[float] = deque(maxlen=HISTORY)
+    name = "gate"
+
+    def __init__(self, settings: GateSettings | None = None) -> None:
+        self.s = settings or GateSettings()
+        self.accepted: deque[float] = deque(maxlen=self.s.history)
 
     def median(self) -> float | None:
         """The median accepted distance (None: none accepted yet)."""
         return statistics.median(self.accepted) if self.accepted else None
 
     def bound(self) -> float:
-        if len(self.accepted) < MIN_HISTORY:
-            return START_BOUND
+        if len(self.accepted) < self.s.min_history:
+            return self.s.start_bound
         med = statistics.median(self.accepted)
         mad = statistics.median(abs(r - med) for r in self.accepted)
-        return max(RATIO * med, med + SPREAD * 1.4826 * mad)
+        return max(self.s.ratio * med, med + self.s.spread * 1.4826 * mad)
 
-    def judge(self, r: float | None, start: float | None = None, apart: float = 0.0) -> str | None:
+    def judge_distance(self, r: float | None, start: float | None = None, apart: float = 0.0) -> str | None:
         """None when a state at distance `r` may be mixed (and remembers `r`), else why not. `start`:
         the bound before distances were learned, from the island's own progress (`core.influence`;
-        None: `START_BOUND`); `apart`: what the learned bound widens by while the island mixes
+        None: `start_bound`); `apart`: what the learned bound widens by while the island mixes
         nothing (`InfluenceBound.apart_distance`)."""
         if r is None:
             return None
-        learned = len(self.accepted) >= MIN_HISTORY or start is None
-        bound = self.bound() + apart if learned else min(start, START_BOUND)
+        learned = len(self.accepted) >= self.s.min_history or start is None
+        bound = self.bound() + apart if learned else min(start, self.s.start_bound)
         if not math.isfinite(r) or r > bound:
             return f"implausible: {r:.3g} x this island's weights away, the bound is {bound:.3g}"
         self.accepted.append(r)
         return None
+
+    def judge(self, candidate: Candidate, island: Island) -> Verdict:
+        m = candidate.measured
+        if m is None:
+            return ADMIT
+        bound, d = island.outer.influence, island.progress
+        why = self.judge_distance(m.distance, bound.start_bound(d, m.anchor_norm, m.noise),
+                                  bound.apart_distance(d, m.anchor_norm))
+        return ADMIT if why is None else Verdict(refused=why, far=True)
+
+    def restart(self) -> None:
+        """Forget the distances learned (the island adopted another state: a catch-up)."""
+        self.accepted.clear()

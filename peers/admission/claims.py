@@ -24,20 +24,19 @@ members"). `ClaimBounds` counts a claim at most:
   still had its first states of a run mixed at 0.69-0.75, every bound's most.)
 
 A claim out of bounds is clipped to the bound, counted (`clipped`; the summary's
-`claims_clipped`, the round's row's `claims`) and said once per partner in the log
-(`peers.checks`).
+`claims_clipped`, the round's row's `claims`) and said once per partner in the log.
+`VERSION_AHEAD` and `TOKEN_RATE` are `p2p_diloco.admission.ClaimsSettings`' `version_ahead` and
+`token_rate`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
-from p2p_diloco.discovery.records import IslandRecord
-
-VERSION_AHEAD = 1
-"""Versions a partner may be counted ahead of this island and of the members' median."""
-TOKEN_RATE = 1.25
-"""A partner's tokens per version counted, at most, in rounds of this island's own tokens."""
+from p2p_diloco.admission import ClaimsSettings
+from p2p_diloco.discovery.records import IslandRecord, label_among
+from p2p_diloco.peers.admission.ledger import PartnerLedger
+from p2p_diloco.peers.admission.protocol import ADMIT, Candidate, Island, Verdict
 
 
 def median_version(members: Mapping[str, IslandRecord]) -> int | None:
@@ -46,30 +45,44 @@ def median_version(members: Mapping[str, IslandRecord]) -> int | None:
     return versions[len(versions) // 2] if versions else None
 
 
-class ClaimBounds:
-    """Bounds on partners' claims for one island (see the module docstring)."""
+class ClaimsCheck:
+    """`claims`: bounds on partners' claims for one island (see the module docstring)."""
 
-    def __init__(self, swarm_median: Callable[[], int | None]) -> None:
-        """`swarm_median()`: the training members' median version (`median_version`; None: no record)."""
-        self.swarm_median = swarm_median
+    name = "claims"
+
+    def __init__(self, settings: ClaimsSettings | None = None) -> None:
+        self.s = settings or ClaimsSettings()
         self.round_tokens = 0
         """The most tokens this island trained in one of its rounds (0: none yet)."""
         self.clipped = 0
 
     def own_round(self, tokens: int) -> None:
-        """One of this island's rounds ended, having trained `tokens`."""
         self.round_tokens = max(self.round_tokens, int(tokens))
 
-    def version_bound(self, own_version: int) -> int:
-        median = self.swarm_median()
-        return max(own_version, own_version if median is None else median) + VERSION_AHEAD
+    def mixed(self, peer: str, weight: float, ledger: PartnerLedger) -> None:
+        pass
 
-    def count(self, own_version: int, version: int, tokens: int) -> tuple[int, int, str | None]:
-        """A partner's claimed `version` and `tokens` as counted, and what was clipped (None: nothing)."""
-        v = min(version, self.version_bound(own_version))
-        t = tokens if not self.round_tokens else min(tokens, int(TOKEN_RATE * max(v, 1) * self.round_tokens))
+    def version_bound(self, own_version: int, median: int | None) -> int:
+        return max(own_version, own_version if median is None else median) + self.s.version_ahead
+
+    def count(self, own_version: int, version: int, tokens: int, median: int | None) -> tuple[int, int, str | None]:
+        """A partner's claimed `version` and `tokens` as counted, and what was clipped (None: nothing);
+        `median`: the training members' median version (`median_version`; None: no record)."""
+        v = min(version, self.version_bound(own_version, median))
+        t = tokens if not self.round_tokens else min(tokens, int(self.s.token_rate * max(v, 1) * self.round_tokens))
         if (v, t) == (version, tokens):
             return v, t, None
         self.clipped += 1
         return v, t, ", ".join(f"{name} {claimed} counted as {counted}" for name, claimed, counted
                                in (("version", version, v), ("tokens", tokens, t)) if claimed != counted)
+
+    def judge(self, candidate: Candidate, island: Island) -> Verdict:
+        state, members = candidate.state, island.members()
+        v, t, clipped = self.count(island.outer.state.version, state.version, state.tokens, median_version(members))
+        if clipped is None:
+            return ADMIT
+        island.ledger.say_once(candidate.peer, label_among(members, candidate.peer), "claims",
+                               f"it claims more than this island can check ({clipped}; versions at most "
+                               f"{self.s.version_ahead} ahead of the members' median, tokens at most "
+                               f"{self.s.token_rate:g} of this island's rounds per version): counted as clipped")
+        return Verdict(counted=(v, t), figures={"claims": clipped})

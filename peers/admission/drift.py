@@ -24,9 +24,11 @@ cut none of the drift's mixes: `bench attack`'s first run of it, BENCHMARKS.md.)
 
 The vectors are kept as count sketches (`Sketcher`): `SKETCH_SIZE` numbers per partner, whatever
 the model's size, filled in the same pass over the state that measures it as it arrives
-(`peers.plausibility.measure`, on the gossip worker's thread). A sketch keeps inner products to
+(`peers.admission.plausibility.measure`, on the gossip worker's thread). A sketch keeps inner products to
 about `1 / sqrt(SKETCH_SIZE)` of the product of the norms; its random signs are drawn afresh by
-every process, so no member can aim a direction at what they lose.
+every process, so no member can aim a direction at what they lose. Each partner's sum lives in the
+island's ledger (`peers.admission.ledger`); `DRIFT_ROUNDS` and `DECAY` are
+`p2p_diloco.admission.DriftSettings`' `rounds` and `decay`.
 """
 
 from __future__ import annotations
@@ -36,18 +38,15 @@ import secrets
 
 import torch
 
+from p2p_diloco.admission import DriftSettings
 from p2p_diloco.core.params import CHUNK
+from p2p_diloco.peers.admission.ledger import PartnerLedger
+from p2p_diloco.peers.admission.protocol import ADMIT, Candidate, Island, Verdict
 
 SKETCH_SIZE = 4096
 """Numbers in a sketch (a power of two that divides `CHUNK`)."""
 STRIDE = 7919
 """How far the buckets of one slice of `CHUNK` values are rotated from those of the slice before."""
-DRIFT_ROUNDS = 4.0
-"""Rounds of the island's own progress one partner's mixes may move it along one direction."""
-DECAY = 0.9
-"""What remains of a partner's sum at each of its mixes."""
-
-
 class Sketcher:
     """Count sketches of flat vectors, a slice of `CHUNK` values at a time: the value at offset `e` of
     slice `s` goes, times a random sign, to bucket `(e + STRIDE s) mod SKETCH_SIZE`."""
@@ -79,35 +78,43 @@ SKETCHER = Sketcher()
 """The process's sketcher (its signs drawn at start-up)."""
 
 
-class DriftMemory:
-    """Per partner, what its mixes moved this island (see the module docstring)."""
+class DriftCheck:
+    """`drift`: per partner, what its mixes moved this island (see the module docstring)."""
 
-    def __init__(self) -> None:
-        self.sums: dict[str, torch.Tensor] = {}
-        self.pending: dict[str, torch.Tensor] = {}
-        """The move per unit weight of each partner's state admitted and not yet mixed."""
+    name = "drift"
 
-    def along(self, peer: str, move: torch.Tensor) -> float:
-        """How far `peer`'s past mixes moved the island along `move`'s direction (anchor units)."""
-        past, size = self.sums.get(peer), float(move.norm())
+    def __init__(self, settings: DriftSettings | None = None) -> None:
+        self.s = settings or DriftSettings()
+
+    @staticmethod
+    def along(past: torch.Tensor | None, move: torch.Tensor) -> float:
+        """How far the moves summed in `past` went along `move`'s direction (anchor units)."""
+        size = float(move.norm())
         return 0.0 if past is None or size == 0 else float(past @ move) / size
 
-    def judge(self, peer: str, move: torch.Tensor | None, d: float | None) -> tuple[float, float | None, str | None]:
-        """The most weight `peer`'s state, moving the anchor by `a move` (a sketch; None: not measured),
-        may be mixed with, how far its past mixes moved the island along it in rounds of progress `d`
-        (None: unknown), and why it is refused (None: it is not)."""
+    def judge(self, candidate: Candidate, island: Island) -> Verdict:
+        """The most weight the state, moving the anchor by `a move` (a sketch), may be mixed with, so
+        that its sender's mixes stay within `rounds` of progress along it; refused when they reach it."""
+        move, d = None if candidate.measured is None else candidate.measured.move, island.progress
         if move is None or not d:
-            return 1.0, None, None
-        size, past = float(move.norm()), self.along(peer, move) * DECAY
-        if past >= DRIFT_ROUNDS * d:
-            return 0.0, past / d, (f"drift: its earlier mixes moved this island {past / d:.1f} of its rounds of progress along "
-                         f"this state's direction, away from its own progress (bound {DRIFT_ROUNDS:g})")
-        self.pending[peer] = move
-        cap = math.inf if size == 0 else (DRIFT_ROUNDS * d - past) / size
-        return min(1.0, cap), past / d, None
+            return ADMIT
+        entry = island.ledger[candidate.peer]
+        size, past = float(move.norm()), self.along(entry.drift, move) * self.s.decay
+        figures = {"drift": round(past / d, 3)}
+        if past >= self.s.rounds * d:
+            return Verdict(refused=f"drift: its earlier mixes moved this island {past / d:.1f} of its rounds of "
+                                   f"progress along this state's direction, away from its own progress (bound "
+                                   f"{self.s.rounds:g})", figures=figures)
+        entry.pending = move
+        cap = math.inf if size == 0 else (self.s.rounds * d - past) / size
+        return Verdict(cap=min(1.0, cap), figures=figures)
 
-    def mixed(self, peer: str, weight: float) -> None:
-        """`peer`'s admitted state was mixed with `weight` (0: it was not)."""
-        move = self.pending.pop(peer, None)
+    def mixed(self, peer: str, weight: float, ledger: PartnerLedger) -> None:
+        """`peer`'s admitted state was mixed with `weight` (0: it was not): its move joins the sum."""
+        entry = ledger[peer]
+        move, entry.pending = entry.pending, None
         if move is not None and weight > 0:
-            self.sums.setdefault(peer, Sketcher.empty()).mul_(DECAY).add_(move, alpha=weight)
+            entry.drift = (Sketcher.empty() if entry.drift is None else entry.drift.mul_(self.s.decay)).add_(move, alpha=weight)
+
+    def own_round(self, tokens: int) -> None:
+        pass

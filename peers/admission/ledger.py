@@ -1,0 +1,66 @@
+"""Everything an island remembers of each partner, in one place.
+
+The checks that judge a state by its sender's past (`drift`: what its mixes moved the island;
+`probe`: how many of its mixes in a row were cut) and the admission itself (refusals, what was said
+once of it) keep their memory of a partner here, in one `PartnerEntry` each. Partner choice keeps
+its own backoff (`peers.partners`): when to fetch from a member again is the chooser's decision,
+told by the admission.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PartnerEntry:
+    """One partner's line in the ledger."""
+
+    refused: int = 0
+    """Its states refused, in all."""
+    last_refusal: str | None = None
+    mixed: int = 0
+    """Its states mixed, in all."""
+    strikes: int = 0
+    """Its last mixes that the probe cut, in a row (`probe`)."""
+    drift: torch.Tensor | None = None
+    """A sketch of what its mixes moved the island, decayed at each of its mixes (`drift`)."""
+    pending: torch.Tensor | None = None
+    """The move per unit weight of its state admitted and not yet mixed (`drift`)."""
+    said: set[str] = field(default_factory=set)
+    """What was said of it once in the log (a claim clipped, a momentum scaled)."""
+
+
+class PartnerLedger:
+    """The island's memory of its partners, by peer id (see the module docstring)."""
+
+    def __init__(self, owner: str = "") -> None:
+        self.owner = owner
+        """The island's name, for its log lines."""
+        self.entries: dict[str, PartnerEntry] = {}
+
+    def __getitem__(self, peer: str) -> PartnerEntry:
+        return self.entries.setdefault(peer, PartnerEntry())
+
+    def refused(self, peer: str, why: str) -> None:
+        entry = self[peer]
+        entry.refused += 1
+        entry.last_refusal = why
+
+    def mixed(self, peer: str, weight: float) -> None:
+        if weight > 0:
+            self[peer].mixed += 1
+
+    def say_once(self, peer: str, label: str, what: str, message: str) -> bool:
+        """Log `message` about `peer` (shown as `label`) the first time `what` is said of it; True then."""
+        said = self[peer].said
+        if what in said:
+            return False
+        said.add(what)
+        log.warning("%s: %s: %s (said once for it; counted in the summary)", self.owner, label, message)
+        return True
