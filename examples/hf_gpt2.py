@@ -35,7 +35,7 @@ import p2p_diloco
 from p2p_diloco import DiLoCoConfig, IslandConfig
 from p2p_diloco.core.data import BYTE_VOCAB, BatchSampler, eval_batches, load_corpus
 from p2p_diloco.core.shards import write_shard
-from p2p_diloco.peers.distributed import exit_process
+from p2p_diloco.peers.torchrun.distributed import exit_process
 
 SHARDS = 4
 """Training shards the script writes (plus one held-out shard)."""

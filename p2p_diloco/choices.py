@@ -34,7 +34,7 @@ PRECISIONS = ("fp32", "bf16")
 COMPILES = ("auto", "on", "off")
 """`[train] compile`: `torch.compile` the model's training forward on CUDA only (auto), everywhere (on), never (off)."""
 SHARDS = ("replicate", "fsdp")
-"""How a torchrun island holds its model: whole on every rank (DDP) or sharded over them (FSDP2, `peers.sharding`)."""
+"""How a torchrun island holds its model: whole on every rank (DDP) or sharded over them (FSDP2, `peers.torchrun.sharding`)."""
 POISONS = ("nan", "scale", "random", "other-run", "momentum", "inflate", "stuck", "reverse", "noise", "claims",
            "momentum-x3", "drift", "alie", "ipm")
 """What a hostile test double publishes (`bench member --poison`, `p2p_diloco.bench.member`)."""

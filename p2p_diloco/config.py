@@ -352,7 +352,7 @@ class IslandConfig:
     shows a publish a second or two late (BENCHMARKS.md, "Swarm")."""
     max_stretch: float = 0.5
     """An island that runs ahead of most others trains on past its H steps, by up to this share of
-    H, until its round ends with theirs (`p2p_diloco.peers.pacing`); it never idles, and a round never passes
+    H, until its round ends with theirs (`p2p_diloco.peers.rounds.pacing`); it never idles, and a round never passes
     `round_seconds` or the token budget. 0 turns it off."""
     wait_for: int = 1
     """Before its first round, wait until this many islands (this one included) are in the run: islands

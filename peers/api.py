@@ -3,8 +3,8 @@
 The one entry point of the Python API (exported lazily as `p2p_diloco.join`, so `import
 p2p_diloco` stays light). It builds the configs from a few common keywords, puts the model on its
 device, and returns a `SwarmIsland` (`peers.island`) on a plain process or on rank 0 of a torchrun
-island, or a `RankFollower` (`peers.distributed`) on the other ranks: the loop is the same on all.
-A model the caller sharded with FSDP2's `fully_shard` makes a sharded island (`peers.sharding`).
+island, or a `RankFollower` (`peers.torchrun.distributed`) on the other ranks: the loop is the same on all.
+A model the caller sharded with FSDP2's `fully_shard` makes a sharded island (`peers.torchrun.sharding`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import torch
 
 from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, IslandConfig, NetworkConfig
 from p2p_diloco.core.device import resolve_device
-from p2p_diloco.peers.distributed import IntraIsland, RankFollower
+from p2p_diloco.peers.torchrun.distributed import IntraIsland, RankFollower
 from p2p_diloco.errors import ConfigError
 from p2p_diloco.peers.island import SwarmIsland
-from p2p_diloco.peers.sharding import gather_on_read, is_sharded, rank0_parts, shard_island
+from p2p_diloco.peers.torchrun.sharding import gather_on_read, is_sharded, rank0_parts, shard_island
 
 
 def join(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None, *,

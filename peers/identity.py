@@ -1,7 +1,7 @@
 """Who an island is, as its partners check it: peer id, label, model fingerprint, run.
 
-One object, shared by the parts that publish, check and record (`peers.publishing`,
-`peers.reach`, `peers.state`, `peers.island`): a resumed island takes its checkpoint's run, and
+One object, shared by the parts that publish, check and record (`peers.gossip.publishing`,
+`peers.gossip.reach`, `peers.state.source`, `peers.island`): a resumed island takes its checkpoint's run, and
 every part sees it at once.
 """
 

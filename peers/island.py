@@ -9,13 +9,13 @@
 
 `SwarmIsland` is the facade over the parts that talk to the swarm (docs/DESIGN.md, 2.5.1). The
 user's loop takes the inner steps; `step()`, called after each one, does the rest between two of
-them (`peers.rounds`: keep a fetch going, mix what arrived, end the round), never waiting on the
+them (`peers.rounds.schedule`: keep a fetch going, mix what arrived, end the round), never waiting on the
 network; a round's end takes the outer step and a snapshot of the state, which the publisher's
-thread encodes, serves and announces while the next round trains (`peers.publishing`), then
-evaluates, logs and checkpoints; where every second goes is booked (`peers.timebook`).
+thread encodes, serves and announces while the next round trains (`peers.gossip.publishing`), then
+evaluates, logs and checkpoints; where every second goes is booked (`peers.rounds.timebook`).
 
 `done` turns True at a `step()` that ended the island's budget (rounds, tokens, seconds) or followed
-`stop()`; under torchrun every rank sees it at the same step (`peers.distributed`). `join` uses it.
+`stop()`; under torchrun every rank sees it at the same step (`peers.torchrun.distributed`). `join` uses it.
 """
 
 from __future__ import annotations
@@ -38,26 +38,26 @@ from p2p_diloco.discovery import open_membership
 from p2p_diloco.discovery.records import island_label
 from p2p_diloco.errors import CheckpointError
 from p2p_diloco.exchange.linkemu import EmulatedLink
-from p2p_diloco.peers import checkpoint
-from p2p_diloco.peers.alone import AloneWatch
-from p2p_diloco.peers.distributed import CARRY_ON, NEW_ROUND, STOP, SYNC, IntraIsland
-from p2p_diloco.peers.divergence import DivergenceGuard
-from p2p_diloco.peers.gossip import GossipWorker
+from p2p_diloco.peers.state import checkpoint
+from p2p_diloco.peers.rounds.alone import AloneWatch
+from p2p_diloco.peers.torchrun.distributed import CARRY_ON, NEW_ROUND, STOP, SYNC, IntraIsland
+from p2p_diloco.peers.rounds.divergence import DivergenceGuard
+from p2p_diloco.peers.gossip.worker import GossipWorker
 from p2p_diloco.peers.identity import Identity
-from p2p_diloco.peers.island_reports import IslandReports
-from p2p_diloco.peers.metrics import LinkRates, MetricsLog, summary_line
-from p2p_diloco.peers.partners import PartnerChooser
+from p2p_diloco.peers.reports.island import IslandReports
+from p2p_diloco.peers.reports.metrics import LinkRates, MetricsLog, summary_line
+from p2p_diloco.peers.gossip.partners import PartnerChooser
 from p2p_diloco.peers.admission.admission import Admission
-from p2p_diloco.peers.admission.plausibility import measure
+from p2p_diloco.peers.gossip.measure import measure
 from p2p_diloco.peers.admission.registry import build_checks
-from p2p_diloco.peers.publishing import Publisher
-from p2p_diloco.peers.reach import Door, PushInbox, check_reach
-from p2p_diloco.peers.reporting import StepLosses, loss_of
-from p2p_diloco.peers.rounds import ANNOUNCE_EVERY_S, Rounds, Tally
-from p2p_diloco.peers.rundir import RunDirLock
+from p2p_diloco.peers.gossip.publishing import Publisher
+from p2p_diloco.peers.gossip.reach import Door, PushInbox, check_reach
+from p2p_diloco.peers.reports.figures import StepLosses, loss_of
+from p2p_diloco.peers.rounds.schedule import ANNOUNCE_EVERY_S, Rounds, Tally
+from p2p_diloco.peers.state.rundir import RunDirLock
 from p2p_diloco.peers.parts import IslandParts
-from p2p_diloco.peers.state import DISCOVERY_SETTLE_S, STALE_LAG, CatchingUp, ModelExtras, StateSource, resume
-from p2p_diloco.peers.timebook import TimeBook
+from p2p_diloco.peers.state.source import DISCOVERY_SETTLE_S, STALE_LAG, CatchingUp, ModelExtras, StateSource, resume
+from p2p_diloco.peers.rounds.timebook import TimeBook
 
 log = logging.getLogger(__name__)
 ABANDON_FETCH_S = 1.0
@@ -88,7 +88,7 @@ class SwarmIsland(IslandReports):
         self.tokens_per_step = tokens_per_step
         self.inbox = PushInbox()
         discovery = discovery or DiscoveryConfig()
-        self._run_dir = RunDirLock(self.cfg.run_dir)  # one island per run directory (`peers.rundir`)
+        self._run_dir = RunDirLock(self.cfg.run_dir)  # one island per run directory (`peers.state.rundir`)
         self.server = SnapshotServer(f"tcp://{discovery.host}:{self.cfg.port}", self.network, secret=discovery.secret,
                                      announce_host=discovery.announce_host, pushes=self.inbox, link=link)
         try:  # who can dial us decides how discovery runs (an outbound-only DHT node is a client)
@@ -140,7 +140,7 @@ class SwarmIsland(IslandReports):
         self.started_at, self._built = time.time(), time.monotonic()
         self.round = self.own_tokens = 0
         self.timebook = TimeBook()
-        """Where the training thread's time goes (`peers.timebook`)."""
+        """Where the training thread's time goes (`peers.rounds.timebook`)."""
         self.initial_loss: float | None = None
         self.eval_loss: float | None = None
         self.state = "joining"
@@ -199,7 +199,7 @@ class SwarmIsland(IslandReports):
         return self
 
     def _join_from_freshest(self, lead: int) -> None:
-        """Start from the freshest members' state if the run is already going (`peers.state`).
+        """Start from the freshest members' state if the run is already going (`peers.state.source`).
 
         `lead`: how many versions ahead the freshest member must be. A resumed island passes
         `STALE_LAG`: a checkpoint the swarm has left that far behind would see every partner's
@@ -216,7 +216,7 @@ class SwarmIsland(IslandReports):
         `loss` (a float, a one-element tensor, or an object with a `.loss` tensor such as a Hugging Face
         `ModelOutput`; else a `TypeError`) is what the dashboard shows and what the divergence guard
         checks (a tensor on an accelerator is read only with others, at most `READ_EVERY` steps
-        later: `peers.reporting.StepLosses`); `tokens` those the step trained on on this process
+        later: `peers.reports.figures.StepLosses`); `tokens` those the step trained on on this process
         (default `tokens_per_step`), counted for the budget and for token-weighted mixing."""
         if not self._started or self._closed:
             raise RuntimeError("SwarmIsland.step() before start() (use `with join(...) as island:`) or after close()")
@@ -297,7 +297,7 @@ class SwarmIsland(IslandReports):
         self._log_round(info, steps, rnd.compute_s)
 
     def _tell_ranks(self, cmd: int) -> None:
-        """Under torchrun, what this step did, to the other ranks (`peers.distributed`)."""
+        """Under torchrun, what this step did, to the other ranks (`peers.torchrun.distributed`)."""
         self.weights_changed = self.rounds.changed = False
         if self.group is None or self._stop_sent:
             return
@@ -362,7 +362,7 @@ class SwarmIsland(IslandReports):
 
     def publish(self, wait: bool = False) -> None:
         """Snapshot the state for the publishing thread, which serves it, then pushes it to the relay
-        and announces the record made now (`peers.publishing`); `wait`: until it is served."""
+        and announces the record made now (`peers.gossip.publishing`); `wait`: until it is served."""
         record = self.record(self.rounds.tokens_per_s())
 
         def served() -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from p2p_diloco.admission import AdmissionConfig
-from p2p_diloco.peers.publishing import Publisher
+from p2p_diloco.peers.gossip.publishing import Publisher
 
 if TYPE_CHECKING:
     from p2p_diloco.core.island import OuterLoop
@@ -30,7 +30,7 @@ class IslandParts:
     """The factories and settings an island is built from."""
 
     publisher: PublisherFactory = Publisher
-    """Builds what publishes the island's state (`peers.publishing.Publisher`)."""
+    """Builds what publishes the island's state (`peers.gossip.publishing.Publisher`)."""
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     """The checks partners' states get, in order, and their settings (`peers.admission`)."""
     checks: Sequence[Check] = ()

@@ -30,10 +30,10 @@ from statistics import fmean, stdev
 
 from p2p_diloco.bench.swarm import rounds
 from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
-from p2p_diloco.peers import checkpoint
+from p2p_diloco.peers.state import checkpoint
 from p2p_diloco.choices import HONEST_MEMBERS, POISONS
 from p2p_diloco.errors import DataError
-from p2p_diloco.peers.demo import Swarm
+from p2p_diloco.peers.launch.demo import Swarm
 
 KINDS = POISONS + HONEST_MEMBERS
 
@@ -95,7 +95,7 @@ def _run(workdir: Path, honest: int, member: str | None, tokens: int, latency_ms
 
 
 def _diverged(run_dir: Path, names: list[str]) -> int:
-    """Roll-backs of the honest islands in one swarm (`peers.divergence` logs each)."""
+    """Roll-backs of the honest islands in one swarm (`peers.rounds.divergence` logs each)."""
     return sum((run_dir / f"{n}.log").read_text(errors="replace").count(" diverged (") for n in names
                if (run_dir / f"{n}.log").exists())
 

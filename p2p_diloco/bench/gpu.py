@@ -6,9 +6,9 @@ In one invocation, on one device and on the same data:
   process): the device's tokens/s for this inner step, the baseline;
 - `islands`: two islands of `preset` (default `gpt2-small`, GPT-2's 124M shape at its 50257-token
   vocabulary) in bf16 on the one device, as `join --device cuda --precision bf16` processes with a
-  bootstrap node (the demo's machinery, `peers.demo.run_swarm`), for `rounds` rounds (default 20);
+  bootstrap node (the demo's machinery, `peers.launch.demo.run_swarm`), for `rounds` rounds (default 20);
   per island its steady-state figures (rounds 2 on: the first carries start-up, compilation and
-  warm-up), where its time went (`spent`, `peers.timebook`), start-up apart, and MFU;
+  warm-up), where its time went (`spent`, `peers.rounds.timebook`), start-up apart, and MFU;
 - `islands_vs_plain`: the two islands' tokens/s together against the plain loop's (they share the
   device: together they should get what one plain loop gets);
 - `big`: two islands of `big_preset` (default `gpt2-1b`, about 1B parameters) for `big_rounds`
@@ -45,7 +45,7 @@ from typing import Any, Callable
 from p2p_diloco.bench.round import GPT2_VOCAB, run_round, shape_params
 from p2p_diloco.bench.swarm import rounds as round_rows
 from p2p_diloco.config import DiLoCoConfig, ModelConfig
-from p2p_diloco.peers.demo import DemoConfig, run_swarm
+from p2p_diloco.peers.launch.demo import DemoConfig, run_swarm
 
 DATA_BYTES = 8 * 2**20
 """Bytes of the embedded corpus written as token shards (its held-out files go to `val.bin`)."""

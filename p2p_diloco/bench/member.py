@@ -1,6 +1,6 @@
 """Fault injection for benchmarks and tests: a member that is slower, or hostile (`p2p-diloco bench member`).
 
-The command is `join` with two more options; the faults enter through `peers.process.run_island`'s
+The command is `join` with two more options; the faults enter through `peers.launch.process.run_island`'s
 hooks (`trainer_type`, and `parts`: the island's own construction, `peers.parts.IslandParts`), so
 nothing of them is in the product's own path and every part of the island holds the same objects:
 
@@ -49,8 +49,8 @@ from p2p_diloco.core import codecs
 from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.peers.admission.protocol import ADMIT, Candidate, Island, Verdict
 from p2p_diloco.peers.parts import IslandParts
-from p2p_diloco.peers.publishing import Publisher
-from p2p_diloco.peers.runner import Trainer
+from p2p_diloco.peers.gossip.publishing import Publisher
+from p2p_diloco.peers.launch.runner import Trainer
 
 log = logging.getLogger(__name__)
 KINDS = POISONS

@@ -1,5 +1,5 @@
 """The plain training loop `bench gpu` measures the islands against: the same model, batch, data and
-inner step (`peers.runner.Trainer`: fused AdamW, compile and prefetch as an island has them), with
+inner step (`peers.launch.runner.Trainer`: fused AdamW, compile and prefetch as an island has them), with
 no swarm around it, in a process of its own (so its compilation and its memory are its own).
 
 `python -m p2p_diloco.bench.plain` prints one JSON line: `tokens_per_s` over `steps` timed steps
@@ -27,7 +27,7 @@ def plain_loop(preset: str, data: str, vocab_size: int, device: str, precision: 
     from p2p_diloco.core.data import BatchSampler, load_corpus
     from p2p_diloco.core.device import peak_memory_bytes, resolve_device, synchronize
     from p2p_diloco.core.model import build_model
-    from p2p_diloco.peers.runner import Trainer
+    from p2p_diloco.peers.launch.runner import Trainer
 
     where = resolve_device(device)
     corpus = load_corpus(data, vocab_size)

@@ -12,15 +12,15 @@ the default `NetworkConfig` (int8) and `DiLoCoConfig`, each piece timed alone:
 - `publish_s`: that thread's work, waited for (`Publisher.flush`): finiteness check, int8 encoding,
   digests, served from now on (in an island, overlapped with the next round's inner steps);
 - `fetch_s`: a `Fetcher`'s fetch of the partner's state: transfer and checks (block digests, finite
-  int8 scales), kept encoded (`decode=False`), as the island's gossip worker (`peers/gossip.py`) does;
-- `measure_s`: the worker's measure of it against the anchor (`peers.admission.plausibility.measure`: its
+  int8 scales), kept encoded (`decode=False`), as the island's gossip worker (`peers/gossip/worker.py`) does;
+- `measure_s`: the worker's measure of it against the anchor (`peers.gossip.measure.measure`: its
   distances, norms and the sketch of its move, `peers.admission.drift`), in one pass;
 - `mix_s`: `partner_state(...)` and `OuterLoop.mix_arrived(...)`: decoding the partner slice by slice
   into fp32 and mixing it into the anchor and the running weights;
 - `outer_s`: `OuterLoop.end_round([])`: the outer Nesterov step and loading the new anchor.
 
 `blocked_s` is what a round's end costs the training thread, `snapshot_s + outer_s` (the mix runs
-between two inner steps when a partner's state arrived, `peers.rounds`, and is `mix_s` apart);
+between two inner steps when a partner's state arrived, `peers.rounds.schedule`, and is `mix_s` apart);
 `background_s`, `publish_s + fetch_s + measure_s`, runs on the island's other threads. The target:
 `blocked_s` at most `outer_s` plus `snapshot_copies` clones of the state. `overhead_s` is the sum
 of every piece, wherever it runs.
@@ -166,8 +166,8 @@ def one_round(outer: Any, publisher: Any, endpoint: str, network: Any, fp: str, 
     """Publish, fetch, mix, outer step, as an island's round does after its inner steps: each
     piece's seconds and its peak memory above the baseline."""
     from p2p_diloco.core.device import synchronize
-    from p2p_diloco.peers.gossip import partner_state
-    from p2p_diloco.peers.admission.plausibility import measure as measure_state
+    from p2p_diloco.peers.gossip.worker import partner_state
+    from p2p_diloco.peers.gossip.measure import measure as measure_state
 
     numel = outer.state.phi.numel()
     sync = functools.partial(synchronize, outer.state.phi.device)
@@ -241,7 +241,7 @@ def measure(params: int, threads: int = 1, repeat: int = REPEAT, exchange: str =
     from p2p_diloco.core.params import fingerprint
     from p2p_diloco.exchange.server import SnapshotServer
     from p2p_diloco.peers.identity import Identity
-    from p2p_diloco.peers.publishing import Publisher
+    from p2p_diloco.peers.gossip.publishing import Publisher
 
     torch.set_num_threads(threads)
     network, diloco, shape = NetworkConfig(), DiLoCoConfig(exchange=exchange), model_shape(params)

@@ -3,8 +3,8 @@ sharded (FSDP2), for the same model in one run.
 
 For each way, `torchrun --standalone --nproc-per-node N` starts N processes of this module
 (`python -m p2p_diloco.bench.shard WAY PRESET STEPS ROUNDS BATCH`), gloo on the CPU. Each rank
-builds what `p2p-diloco join` builds (`peers.process`): the GPT from the preset over bytes, wrapped
-by the strategy (`peers.sharding`), its AdamW (`core.inner.InnerLoop`), and on rank 0 the outer
+builds what `p2p-diloco join` builds (`peers.launch.process`): the GPT from the preset over bytes, wrapped
+by the strategy (`peers.torchrun.sharding`), its AdamW (`core.inner.InnerLoop`), and on rank 0 the outer
 state (`core.island.OuterLoop`: anchor and momentum) over the model, or over its full copy when
 sharded. Then `ROUNDS` rounds of `STEPS` inner steps on random tokens, each ended as an island ends
 it: rank 0 reads the weights (gathered from the ranks when sharded), takes the outer step, and
@@ -50,8 +50,8 @@ def worker(way: str, preset: str, steps: int, rounds: int, batch: int) -> None:
     from p2p_diloco.core.inner import InnerLoop
     from p2p_diloco.core.island import OuterLoop
     from p2p_diloco.core.model import build_model
-    from p2p_diloco.peers.distributed import NEW_ROUND, IntraIsland, RankFollower
-    from p2p_diloco.peers.sharding import gather_on_read, local_numel, sharding
+    from p2p_diloco.peers.torchrun.distributed import NEW_ROUND, IntraIsland, RankFollower
+    from p2p_diloco.peers.torchrun.sharding import gather_on_read, local_numel, sharding
 
     torch.set_num_threads(1)
     meter = PeakMeter()  # the RSS after `import torch` is its baseline

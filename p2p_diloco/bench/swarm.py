@@ -7,7 +7,7 @@ tokens, its virtual inner step as long as the islands' measured one (so a partne
 as many steps into a round as it did for real). With `runs` > 1 the swarm runs that many times
 and its loss is the mean: runs of unchanged code spread over about 2%. Utilization comes from each
 island's `metrics.jsonl`: inner-step seconds over wall time; `net_utilization` leaves the effect
-probe out (the islands' summaries, `peers.timebook`), which the simulator does not model, and
+probe out (the islands' summaries, `peers.rounds.timebook`), which the simulator does not model, and
 `spent_shares` says where each island's time went. Bytes moved are every frame of the
 islands' fetches, both ways (`Fetcher.wire_bytes`), against what the simulator charges for its
 own run (`exchange.cost`).
@@ -20,9 +20,9 @@ from pathlib import Path
 
 from p2p_diloco.config import DiLoCoConfig
 from p2p_diloco.sim.config import SimConfig
-from p2p_diloco.peers import checkpoint
-from p2p_diloco.peers.demo import DemoConfig, run_swarm
-from p2p_diloco.peers.metrics import read_metrics
+from p2p_diloco.peers.state import checkpoint
+from p2p_diloco.peers.launch.demo import DemoConfig, run_swarm
+from p2p_diloco.peers.reports.metrics import read_metrics
 
 
 def rounds(run_dir: Path) -> list[dict]:
@@ -36,7 +36,7 @@ def utilization(rows: list[dict]) -> float:
 
 
 def shares(spent: dict[str, float]) -> dict[str, float]:
-    """An island's summary's `spent` (`peers.timebook`) as shares of its time from the first step to the
+    """An island's summary's `spent` (`peers.rounds.timebook`) as shares of its time from the first step to the
     last round's end (start-up and the final mix apart)."""
     parts = {k: v for k, v in spent.items() if k not in ("startup", "final")}
     whole = sum(parts.values()) or 1.0

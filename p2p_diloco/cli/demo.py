@@ -9,7 +9,7 @@ import click
 
 from p2p_diloco.cli.options import data_options, device_options, offload_option, user_errors
 from p2p_diloco.config import TrainConfig
-from p2p_diloco.peers.demo import DemoConfig
+from p2p_diloco.peers.launch.demo import DemoConfig
 
 
 @click.command()
@@ -29,7 +29,7 @@ def demo(islands, minutes, latency_ms, bandwidth_mbps, compare, workdir, as_json
     """Run a local swarm: a bootstrap node and islands as processes on 127.0.0.1, then a summary."""
     from p2p_diloco.core.data import load_corpus
     from p2p_diloco.core.device import autocast, resolve_device
-    from p2p_diloco.peers.demo import run_demo
+    from p2p_diloco.peers.launch.demo import run_demo
     from p2p_diloco.tui.launch import should_use_dashboard
 
     with user_errors():

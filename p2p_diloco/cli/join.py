@@ -110,8 +110,8 @@ def run_join(kw: dict, **faults) -> None:
     import torch
 
     from p2p_diloco.core.device import autocast, resolve_device
-    from p2p_diloco.peers.distributed import exit_process
-    from p2p_diloco.peers.process import run_island
+    from p2p_diloco.peers.torchrun.distributed import exit_process
+    from p2p_diloco.peers.launch.process import run_island
 
     with user_errors():
         # one swarm secret seals discovery records and keys the state exchange (docs/SECURITY.md)

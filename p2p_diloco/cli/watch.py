@@ -77,7 +77,7 @@ def format_islands(records: dict[str, IslandRecord] | list[IslandRecord], now: f
     """A plain-text table of island records (what `p2p-diloco status` prints); `island` is its name, or
     its peer id's prefix (`island_label`); `reach` says whether others can dial an island (`direct`) or
     it only dials out (`outbound`); `util` the share of its time in inner steps (where the rest went
-    under the table: `peers.timebook`); `fetches` what an island with `--exchange auto` fetches now
+    under the table: `peers.rounds.timebook`); `fetches` what an island with `--exchange auto` fetches now
     (`state` or `updates`; `-` for a fixed exchange), why under the table; `partner` the island it
     last mixed with."""
     rows = sorted(records.values() if isinstance(records, dict) else records, key=lambda r: (r.label, r.peer_id))

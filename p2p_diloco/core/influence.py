@@ -39,7 +39,7 @@ being mixed, as it would widen one learned from the island's own anchor or momen
   islands whose first rounds went unmixed (a fetch that timed out, a partner refused early on)
   measured 11 and 37 of their rounds apart some 110 rounds later, in two runs of the suite's test,
   and refused each other for the rest of the run (farther than the widening reaches, the island
-  behind catches up: `peers.state.CatchingUp`). Each mix
+  behind catches up: `peers.state.source.CatchingUp`). Each mix
   halves the count (a mix moves the anchor by at most `CLIP x D`, so two islands that were far apart
   need a few to come together) and adopting a state ends it; an island that mixes every round keeps
   the bounds as they are. What a hostile member gains by it: the few clipped mixes of an island that

@@ -1,5 +1,5 @@
 """What an island with `--exchange auto` fetches, from the link it measured: written once, for the
-island (`peers.rounds`) and the simulator (`sim.auto`).
+island (`peers.rounds.schedule`) and the simulator (`sim.auto`).
 
 Whole states (weights and momentum) while moving one takes a small share of a round; compressed
 updates of the public state (`core.public`) once it would not: on such links updates that fit a
@@ -42,7 +42,7 @@ PROBE_SHARE = 0.05
 RATE_MEMORY = 16
 """A partner's rate counts for this many fetch choices after it was measured."""
 FIRST_CONTACT_WITHIN = 8
-"""An island's first fetch takes updates (its first contact, `peers.fetchchoice`) only within this many
+"""An island's first fetch takes updates (its first contact, `peers.gossip.fetchchoice`) only within this many
 versions of a run it started at the initial weights: later, or for a joiner, a partner's public state
 is a long chain or lags its anchor far, and the island probes with a whole state."""
 FIRST_CONTACT_MIN_S = 0.1
@@ -167,7 +167,7 @@ class LinkFit:
     @staticmethod
     def contact_measures(nbytes: int, rate_bps: float, round_s: float) -> bool:
         """Whether a first contact of `nbytes` that showed `rate_bps` measured the link: its data flowed
-        for `PROBE_SHARE` of a round and for `FIRST_CONTACT_MIN_S` (`peers.fetchchoice`)."""
+        for `PROBE_SHARE` of a round and for `FIRST_CONTACT_MIN_S` (`peers.gossip.fetchchoice`)."""
         return rate_bps > 0 and round_s > 0 and LinkFit.flowed(nbytes / rate_bps, round_s, FIRST_CONTACT_MIN_S)
 
     @staticmethod

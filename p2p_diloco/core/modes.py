@@ -8,7 +8,7 @@ that runs a round asks that object, never the setting's string:
   the interpolated norm of the two buffers; `rescaled-sign` does the same with signs and one
   magnitude per block; `local` keeps each island's momentum to itself (NoLoCo).
 - `Exchange`: what an island sends. `state`: its whole state each round, partners drawn by
-  `peers.partners`; `updates`: compressed updates of a public state (`core.public`), partners on
+  `peers.gossip.partners`; `updates`: compressed updates of a public state (`core.public`), partners on
   the ring of peer ids, momentum local; `fragments`: those updates, each of one fragment of the
   parameters in turn; `auto`: both published, and each fetch takes the whole state or the updates,
   whichever fits the link the island measured, the updates in as many fragments as the link calls

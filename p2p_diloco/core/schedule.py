@@ -1,6 +1,6 @@
 """Decisions the swarm's islands and the simulator make alike, written once.
 
-The island drives them by its clock and sockets (`peers.partners`, `peers.rounds`), the simulator
+The island drives them by its clock and sockets (`peers.gossip.partners`, `peers.rounds.schedule`), the simulator
 by its virtual clock (`sim.gossip`). The mixing itself (when an arrived state is mixed, the mix's
 arithmetic, the outer step, the final mix) is `core.island.OuterLoop`'s, which both drive.
 docs/DESIGN.md, section 2.5.2, lists what the two still decide differently, and why.
@@ -19,7 +19,7 @@ SHIFT_STRIDE = 7919
 runs do not overlap for any realistic round count)."""
 
 FINAL_MIX_WAIT_S = 5.0
-"""The final mix waits at least this long for a partner in step with the island (`peers.rounds`),
+"""The final mix waits at least this long for a partner in step with the island (`peers.rounds.schedule`),
 then for the fetch as long as the fetch timeout allows."""
 
 

@@ -112,7 +112,7 @@ class IslandRecord:
     """Peer id of the partner whose state was refused last."""
     alone: str = ""
     """Why the island mixes no partner's state while others train ("" while it does, or is the only
-    one): its exchanges failed or arrived too stale for rounds (`peers.alone`)."""
+    one): its exchanges failed or arrived too stale for rounds (`peers.rounds.alone`)."""
     fetches: str = ""
     """With `--exchange auto`: what the island fetches now, `state` or `updates`, and why
     (`core.linkfit`: "updates: a whole state (1.29 MB) takes 4.34 rounds at 0.50 Mbit/s..."); "" for a
@@ -121,7 +121,7 @@ class IslandRecord:
     """Unix time the island started."""
     published_at: float = 0.0
     """Unix time the island published its current state (0 before its first round ended): a
-    round ends with a publish, so this is the phase of its rounds (`p2p_diloco.peers.pacing`)."""
+    round ends with a publish, so this is the phase of its rounds (`p2p_diloco.peers.rounds.pacing`)."""
     timestamp: float = 0.0
     """Unix time this record was made."""
     model: str = ""
@@ -133,7 +133,7 @@ class IslandRecord:
     """Share of the island's wall time since its first inner step spent in inner steps (0: none yet).
     Optional."""
     time_split: str = ""
-    """Where that wall time went, share by share (`peers.timebook.TimeBook.split`: "inner 0.97 end
+    """Where that wall time went, share by share (`peers.rounds.timebook.TimeBook.split`: "inner 0.97 end
     0.01 ..."). Optional."""
 
     reach: str = "direct"

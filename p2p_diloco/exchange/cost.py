@@ -21,7 +21,7 @@ from p2p_diloco.exchange import flowcontrol, wire
 from p2p_diloco.exchange.payload import layout
 
 REPRESENTATIVE_META = {"peer_id": "0" * 20, "model": "0" * 16, "run": "0" * 16}
-"""An island's manifest meta (`peers.publishing.Publisher`): the same keys and value lengths."""
+"""An island's manifest meta (`peers.gossip.publishing.Publisher`): the same keys and value lengths."""
 CHAIN = "0" * 16
 """A public state's chain id (`core.public.PublicState.chain`): the same length."""
 

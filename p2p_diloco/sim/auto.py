@@ -1,9 +1,9 @@
 """The simulator's `gossip` method with `DiLoCoConfig(exchange="auto")`: each island publishes its
 whole state and its public state's updates, and each fetch takes whichever fits the link the
-island measured (`core.linkfit.LinkFit`, the choice the swarm's islands make, `peers.rounds`):
+island measured (`core.linkfit.LinkFit`, the choice the swarm's islands make, `peers.rounds.schedule`):
 whole states from the round's permutation partner, updates from the ring successor.
 
-As in the swarm, an island's first fetch (its first contact, `peers.fetchchoice`) takes updates from
+As in the swarm, an island's first fetch (its first contact, `peers.gossip.fetchchoice`) takes updates from
 its ring successor, and measures the link only if its data flowed for the probe's share of a round;
 then it fetches whole states until one measures the link: a whole-state fetch that will not fit
 the link gives way once its data has flowed for the probe (`LinkFit.give_way`), and the island

@@ -14,7 +14,7 @@ A receiver that fetched an island's public state at version `v` before needs onl
 charged the messages a real one moves (`exchange.cost.public_fetch_wire_bytes`).
 
 A receiver moves its anchor by the difference of the two public states, `a (pub_j - pub_i)`, as
-CHOCO-gossip does (Koloskova et al., 2019) and as the swarm does (`peers.gossip.partner_state`),
+CHOCO-gossip does (Koloskova et al., 2019) and as the swarm does (`peers.gossip.worker.partner_state`),
 by `core.public.mixed_share` of it where updates come in fragments.
 """
 

@@ -1,19 +1,19 @@
 """One admission for every partner state, fetched or pushed: the checks in order, their verdicts folded.
 
-`Admission.admit` turns an exchange that ended (`peers.gossip.FetchResult`) into one `Outcome`:
+`Admission.admit` turns an exchange that ended (`peers.gossip.worker.FetchResult`) into one `Outcome`:
 `Cancelled` (this island gave it up), `Failed` (the link), `Refused` (a check's reason, or bytes
 that did not check out on the way: digests, sizes, finite values, `exchange.payload`) or `Admitted`
 with the one weight it is mixed with. The checks (`peers.admission.registry`) run in the order the
 config sets (`p2p_diloco.admission.AdmissionConfig.checks`): `identity` first, after which the state
-is read (`peers.gossip.partner_state`); the first refusal wins; caps take the smallest, factors
+is read (`peers.gossip.worker.partner_state`); the first refusal wins; caps take the smallest, factors
 multiply the weight the checks before allowed, the momentum takes the smallest scale; claims are
 counted as the last check that counted them says. The base weight is `core.outer.mixing_weight`
 (tokens and staleness) of the state as counted.
 
 What a verdict does beyond the state: a refused partner backs off, or is never chosen again
-(`never_again`; `peers.partners`); a state refused for where it sits (`far`) while it is
+(`never_again`; `peers.gossip.partners`); a state refused for where it sits (`far`) while it is
 `STALE_LAG` versions ahead means this island may be the stale one, so it catches up
-(`peers.state.CatchUp`, on a thread of its own). Per-partner memory is the ledger's
+(`peers.state.source.CatchUp`, on a thread of its own). Per-partner memory is the ledger's
 (`peers.admission.ledger`).
 """
 
@@ -32,10 +32,10 @@ from p2p_diloco.errors import TransportError
 from p2p_diloco.peers.admission.ledger import PartnerLedger
 from p2p_diloco.peers.admission.protocol import (Admitted, Cancelled, Candidate, Check, Failed, Island, Outcome,
                                                  Learns, Refused, Remembers, Verdict)
-from p2p_diloco.peers.gossip import FetchResult, partner_state
+from p2p_diloco.peers.gossip.worker import FetchResult, partner_state
 from p2p_diloco.peers.identity import Identity
-from p2p_diloco.peers.partners import PartnerChooser
-from p2p_diloco.peers.publishing import Publisher
+from p2p_diloco.peers.gossip.partners import PartnerChooser
+from p2p_diloco.peers.gossip.publishing import Publisher
 
 log = logging.getLogger(__name__)
 COUNTED = ("claims", "momentum_scaled", "bounded")

@@ -13,7 +13,7 @@ members"). `ClaimBounds` counts a claim at most:
 - **version**: one version ahead of the higher of this island's own and the median of the
   training members' records (`VERSION_AHEAD`; a partner that ended its round first is one
   ahead). The members' records are each signed by their member, and one false claim cannot move
-  their median; an island resumed behind the swarm still follows it (`peers.rounds._follow_swarm`
+  their median; an island resumed behind the swarm still follows it (`peers.rounds.schedule._follow_swarm`
   reads the same median). A version counted lower than claimed weighs the same in a mix: a state
   at or ahead of this island's version is never discounted.
 - **tokens**: `TOKEN_RATE` times the tokens this island trains in a round (its own batches, which

@@ -24,7 +24,7 @@ cut none of the drift's mixes: `bench attack`'s first run of it, BENCHMARKS.md.)
 
 The vectors are kept as count sketches (`Sketcher`): `SKETCH_SIZE` numbers per partner, whatever
 the model's size, filled in the same pass over the state that measures it as it arrives
-(`peers.admission.plausibility.measure`, on the gossip worker's thread). A sketch keeps inner products to
+(`peers.gossip.measure.measure`, on the gossip worker's thread). A sketch keeps inner products to
 about `1 / sqrt(SKETCH_SIZE)` of the product of the norms; its random signs are drawn afresh by
 every process, so no member can aim a direction at what they lose. Each partner's sum lives in the
 island's ledger (`peers.admission.ledger`); `DRIFT_ROUNDS` and `DECAY` are
@@ -34,49 +34,13 @@ island's ledger (`peers.admission.ledger`); `DRIFT_ROUNDS` and `DECAY` are
 from __future__ import annotations
 
 import math
-import secrets
 
 import torch
 
 from p2p_diloco.admission import DriftSettings
-from p2p_diloco.core.params import CHUNK
+from p2p_diloco.peers.gossip.measure import Sketcher
 from p2p_diloco.peers.admission.ledger import PartnerLedger
 from p2p_diloco.peers.admission.protocol import ADMIT, Candidate, Island, Verdict
-
-SKETCH_SIZE = 4096
-"""Numbers in a sketch (a power of two that divides `CHUNK`)."""
-STRIDE = 7919
-"""How far the buckets of one slice of `CHUNK` values are rotated from those of the slice before."""
-class Sketcher:
-    """Count sketches of flat vectors, a slice of `CHUNK` values at a time: the value at offset `e` of
-    slice `s` goes, times a random sign, to bucket `(e + STRIDE s) mod SKETCH_SIZE`."""
-
-    def __init__(self, seed: int | None = None) -> None:
-        g = torch.Generator().manual_seed(secrets.randbits(62) if seed is None else seed)
-        self._signs = {torch.device("cpu"): torch.randint(0, 2, (CHUNK,), generator=g).float().mul_(2).sub_(1)}
-
-    def signs(self, device: torch.device) -> torch.Tensor:
-        if device not in self._signs:
-            self._signs[device] = self._signs[torch.device("cpu")].to(device)
-        return self._signs[device]
-
-    def add_(self, into: torch.Tensor, x: torch.Tensor, start: int) -> None:
-        """Add the sketch of the slice `x` of a vector, at offset `start` (a multiple of `CHUNK`), to `into`."""
-        n = x.numel()
-        part = x.float() * self.signs(x.device)[:n]
-        if n % SKETCH_SIZE:
-            part = torch.nn.functional.pad(part, (0, SKETCH_SIZE - n % SKETCH_SIZE))
-        buckets = part.view(-1, SKETCH_SIZE).sum(0, dtype=torch.float64).cpu()
-        into += buckets.roll((start // CHUNK * STRIDE) % SKETCH_SIZE)
-
-    @staticmethod
-    def empty() -> torch.Tensor:
-        return torch.zeros(SKETCH_SIZE, dtype=torch.float64)
-
-
-SKETCHER = Sketcher()
-"""The process's sketcher (its signs drawn at start-up)."""
-
 
 class DriftCheck:
     """`drift`: per partner, what its mixes moved this island (see the module docstring)."""

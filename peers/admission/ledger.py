@@ -3,7 +3,7 @@
 The checks that judge a state by its sender's past (`drift`: what its mixes moved the island;
 `probe`: how many of its mixes in a row were cut) and the admission itself (refusals, what was said
 once of it) keep their memory of a partner here, in one `PartnerEntry` each. Partner choice keeps
-its own backoff (`peers.partners`): when to fetch from a member again is the chooser's decision,
+its own backoff (`peers.gossip.partners`): when to fetch from a member again is the chooser's decision,
 told by the admission.
 """
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from p2p_diloco.discovery.records import IslandRecord
     from p2p_diloco.exchange.client import Snapshot
     from p2p_diloco.peers.admission.ledger import PartnerLedger
-    from p2p_diloco.peers.admission.plausibility import Measured
+    from p2p_diloco.peers.gossip.measure import Measured
     from p2p_diloco.peers.identity import Identity
 
 Figure = float | int | str | bool

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from discovery_harness import Bootstrap, free_port_pair, wait_until  # noqa: F401  (re-exported)
 from p2p_diloco.config import to_toml
-from p2p_diloco.peers.metrics import read_metrics
+from p2p_diloco.peers.reports.metrics import read_metrics
 
 SMALL_MODEL = {"n_layer": 2, "n_embd": 64, "n_head": 4, "block_size": 64}
 """The islands' model ([model] in their config file), with `--batch-size 8`."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from p2p_diloco.peers.metrics import read_metrics
+from p2p_diloco.peers.reports.metrics import read_metrics
 
 pytestmark = pytest.mark.timeout(300)
 

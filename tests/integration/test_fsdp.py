@@ -1,5 +1,5 @@
 """Sharded islands: two torchrun islands of 2 processes each, the model sharded with FSDP2 (gloo on
-the CPU), train, mix each other's state, and one resumes from its checkpoint (`peers.sharding`)."""
+the CPU), train, mix each other's state, and one resumes from its checkpoint (`peers.torchrun.sharding`)."""
 
 from __future__ import annotations
 

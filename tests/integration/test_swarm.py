@@ -15,7 +15,7 @@ from swarm_harness import IslandProc, run_until_mixed, start_bootstrap, wait_unt
 
 from p2p_diloco.errors import TransportError
 from p2p_diloco.core.linkfit import UPDATES_ABOVE
-from p2p_diloco.peers.fetchchoice import REPROBE_EVERY
+from p2p_diloco.peers.gossip.fetchchoice import REPROBE_EVERY
 from p2p_diloco.exchange.client import fetch_manifest
 
 pytestmark = pytest.mark.timeout(240)
@@ -114,7 +114,7 @@ def test_corrupt_checkpoint_is_a_clear_error(procs, tmp_path):
     _, entry = start_bootstrap(procs, tmp_path)
     a = IslandProc(procs, tmp_path, "a", entry, "-H", "5", "--max-rounds", "2")
     a.summary(90)
-    from p2p_diloco.peers import checkpoint
+    from p2p_diloco.peers.state import checkpoint
 
     state = checkpoint.latest(a.run_dir / "checkpoints") / "state.safetensors"
     blob = bytearray(state.read_bytes())
@@ -126,7 +126,7 @@ def test_corrupt_checkpoint_is_a_clear_error(procs, tmp_path):
 
 
 def test_killed_island_resumes_from_its_checkpoint_and_catches_up(procs, tmp_path):
-    from p2p_diloco.peers import checkpoint
+    from p2p_diloco.peers.state import checkpoint
 
     _, entry = start_bootstrap(procs, tmp_path)
     others = [IslandProc(procs, tmp_path, f"i{k}", entry, "-H", "8", "--max-rounds", "400") for k in range(2)]

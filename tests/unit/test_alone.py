@@ -5,14 +5,14 @@ from __future__ import annotations
 import logging
 
 from p2p_diloco.discovery.records import MAX_ALONE_CHARS, IslandRecord
-from p2p_diloco.peers.alone import ALONE_ROUNDS, SURE_ROUNDS, AloneWatch, Link
+from p2p_diloco.peers.rounds.alone import ALONE_ROUNDS, SURE_ROUNDS, AloneWatch, Link
 
 SLOW = Link(rate_bps=0.5e6 / 8, state_bytes=1_280_000, round_s=1.0)  # 0.5 Mbit/s, the tiny model's state
 
 
 def test_rounds_without_a_mix_among_others_are_said_once_with_the_rate_and_the_cause(caplog):
     watch = AloneWatch("island-a")
-    caplog.set_level(logging.INFO, logger="p2p_diloco.peers.alone")
+    caplog.set_level(logging.INFO, logger="p2p_diloco.peers.rounds.alone")
     said = []
     for r in range(3 * ALONE_ROUNDS):
         if r % 4 == 0:
@@ -79,7 +79,7 @@ def rounds_until_said(watch: AloneWatch, before_each=lambda r: None, others: int
 
 
 def test_states_of_another_run_are_the_reason_after_three_rounds(caplog):
-    caplog.set_level(logging.WARNING, logger="p2p_diloco.peers.alone")
+    caplog.set_level(logging.WARNING, logger="p2p_diloco.peers.rounds.alone")
     watch = AloneWatch("island-0")
     why = ("snapshot from tcp://127.0.0.1:5 is for another run (initial weights 1234, this island's abcd): "
            "islands of one run start from the same weights")
@@ -122,7 +122,7 @@ def test_refusals_then_a_mix_end_the_episode_and_start_counting_afresh():
 
 
 def test_an_island_without_a_bootstrap_address_says_at_once_it_trains_alone(caplog):
-    caplog.set_level(logging.WARNING, logger="p2p_diloco.peers.alone")
+    caplog.set_level(logging.WARNING, logger="p2p_diloco.peers.rounds.alone")
     watch = AloneWatch("lone", bootstrap=False)
     assert watch.reason.startswith("no bootstrap: ") and watch.episodes == 1
     assert "lone trains alone: no bootstrap" in caplog.text

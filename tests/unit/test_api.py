@@ -20,7 +20,7 @@ from p2p_diloco.core.outer import OuterState, PartnerState, mix
 from p2p_diloco.core.params import ParamSlices, fingerprint
 from p2p_diloco.errors import CheckpointError, ModelError, TransportError
 from p2p_diloco.exchange.client import fetch
-from p2p_diloco.peers.gossip import partner_state
+from p2p_diloco.peers.gossip.worker import partner_state
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -34,7 +34,7 @@ LAYERS = [
 ]
 """Each group may import its own and the groups before it (docs/DESIGN.md, "Architecture")."""
 SIDEWAYS = {("p2p_diloco.peers", "p2p_diloco.sim"), ("p2p_diloco.peers", "p2p_diloco.tui")}
-"""The allowed imports within a layer: the demo (peers/demo.py) runs the simulator's data-parallel
+"""The allowed imports within a layer: the demo (peers/launch/demo.py) runs the simulator's data-parallel
 baseline and shows the dashboard."""
 
 
@@ -126,11 +126,11 @@ def layer(module: str) -> tuple[int, str]:
 
 def test_the_graph_sees_every_package_and_import():
     g = GRAPH
-    assert {"p2p_diloco.core.island", "p2p_diloco.peers.runner", "p2p_diloco.tui.app", "p2p_diloco.bootstrap.node",
+    assert {"p2p_diloco.core.island", "p2p_diloco.peers.launch.runner", "p2p_diloco.tui.app", "p2p_diloco.bootstrap.node",
             "p2p_diloco.discovery", "p2p_diloco.cli"} <= set(g)
     assert "p2p_diloco.core.outer" in g["p2p_diloco.core.island"]
-    assert "p2p_diloco.peers.checkpoint" in g["p2p_diloco.peers.island"]  # `from p2p_diloco.peers import checkpoint`
-    assert "p2p_diloco.peers.process" in g["p2p_diloco.cli.join"]  # a lazy import inside a function counts
+    assert "p2p_diloco.peers.state.checkpoint" in g["p2p_diloco.peers.island"]  # `from p2p_diloco.peers.state import checkpoint`
+    assert "p2p_diloco.peers.launch.process" in g["p2p_diloco.cli.join"]  # a lazy import inside a function counts
 
 
 def test_no_import_cycle():
@@ -160,8 +160,7 @@ def test_core_imports_only_the_settings_and_errors_from_the_project():
 
 
 BOTTOM = ("p2p_diloco", "p2p_diloco.errors", "p2p_diloco.config", "p2p_diloco.admission", "p2p_diloco.choices",
-          "p2p_diloco.addresses",
-          "p2p_diloco.terminal")
+          "p2p_diloco.addresses", "p2p_diloco.terminal")
 MIDDLE = {
     "p2p_diloco.sim": ("p2p_diloco.sim", "p2p_diloco.core", "p2p_diloco.exchange.cost"),
     "p2p_diloco.tui": ("p2p_diloco.tui", "p2p_diloco.discovery"),
@@ -176,9 +175,32 @@ def test_the_middle_layer_uses_what_docs_design_says():
         if allowed is not None:
             wrong += [f"{module} -> {d}" for d in deps
                       if d not in BOTTOM and not any(d == a or d.startswith(a + ".") for a in allowed)]
-        if module.startswith("p2p_diloco.peers.") and module != "p2p_diloco.peers.demo":
+        if module.startswith("p2p_diloco.peers.") and module != "p2p_diloco.peers.launch.demo":
             wrong += [f"{module} -> {d}" for d in deps if d.startswith(("p2p_diloco.tui", "p2p_diloco.sim"))]
     assert wrong == [], "the middle layer's rules in docs/DESIGN.md"
+
+
+PEERS = [{"identity", "torchrun"}, {"gossip"}, {"admission"}, {"state"}, {"rounds"}, {"reports"},
+         {"parts", "island", "api"}, {"launch"}]
+"""The folders (and root modules) of `peers`, by concern, each using only its own and those before it
+(docs/DESIGN.md, "Architecture"): the partner's state travels (gossip), is admitted (admission), the
+island's own state is kept (state), its rounds run (rounds) and are reported (reports); the facade
+(island, api, parts) builds them, and launch runs it as the CLI's process."""
+PEERS_ROOT_FILES = 6
+
+
+def test_peers_is_in_folders_by_concern_each_importing_only_those_before_it():
+    def part(module: str) -> int | None:
+        name = module.removeprefix("p2p_diloco.peers.").split(".")[0]
+        return next((i for i, group in enumerate(PEERS) if name in group), None)
+
+    peers = {m: deps for m, deps in GRAPH.items() if m.startswith("p2p_diloco.peers.")}
+    assert all(part(m) is not None for m in peers), [m for m in peers if part(m) is None]
+    wrong = [f"{m} -> {d}" for m, deps in peers.items() for d in deps
+             if d.startswith("p2p_diloco.peers.") and part(d) > part(m)]
+    assert wrong == [], "imports against the order of peers' folders"
+    root = [p.name for p in (ROOT / "peers").glob("*.py")]
+    assert len(root) <= PEERS_ROOT_FILES, root
 
 
 def loaded_by(code: str) -> set[str]:

@@ -2,7 +2,7 @@ import json
 
 import pytest
 import torch
-from p2p_diloco.peers import checkpoint
+from p2p_diloco.peers.state import checkpoint
 
 from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
 from p2p_diloco.core.data import BatchSampler

@@ -59,7 +59,7 @@ def test_file_sets_defaults_below_environment_and_flags(tmp_path, monkeypatch):
 
 def _sections(*names: str) -> list:
     from p2p_diloco import config
-    from p2p_diloco.peers.demo import DemoConfig
+    from p2p_diloco.peers.launch.demo import DemoConfig
 
     from p2p_diloco.sim.config import SimConfig
 
@@ -119,7 +119,7 @@ def test_config_sections_set_every_field_of_join_below_its_flags(tmp_path, monke
         seen.update(island=island, diloco=diloco, network=network, discovery=discovery, model=model)
         return 0, {}
 
-    monkeypatch.setattr("p2p_diloco.peers.process.run_island", fake_run_island)
+    monkeypatch.setattr("p2p_diloco.peers.launch.process.run_island", fake_run_island)
     config = write(tmp_path, "[diloco]\nlocal_steps = 7\ntoken_weighting = false\nmix_weight = 0.4\n"
                              "[island]\nsame_version_wait = 0.2\nport = 7100\n[model]\nsize = 'small'\n"
                              "[network]\nmax_window_bytes = 33554432\n[discovery]\nrun_id = 'from-file'\n"
@@ -142,7 +142,7 @@ def test_settings_without_a_join_flag_come_from_the_config_file(tmp_path, monkey
     import torch
 
     seen = {}
-    monkeypatch.setattr("p2p_diloco.peers.process.run_island",
+    monkeypatch.setattr("p2p_diloco.peers.launch.process.run_island",
                         lambda *configs, **kw: (seen.update(zip(("island", "model", "train", "diloco", "network",
                                                                  "discovery"), configs)), (0, {}))[1])
     monkeypatch.setattr(torch, "set_num_threads", lambda n: seen.update(threads=n))
@@ -216,7 +216,7 @@ def test_the_demo_table_shows_every_island_by_its_whole_name_in_80_columns():
 def test_a_demo_of_one_uplink_per_island_starts_each_on_its_own_link():
     """`bench swarm --bandwidth-mbps 1000,1000,0.5,0.5`: each island's `bench member` emulates its own uplink."""
     from p2p_diloco.errors import ConfigError
-    from p2p_diloco.peers.demo import DemoConfig
+    from p2p_diloco.peers.launch.demo import DemoConfig
 
     cfg = DemoConfig(islands=4, latency_ms=100, bandwidth_mbps=(1000.0, 1000.0, 0.5, 0.5))
     assert [c[c.index("--bandwidth-mbps") + 1] for c in map(cfg.island_command, range(4))] == ["1000.0", "1000.0", "0.5", "0.5"]

@@ -83,7 +83,7 @@ def test_join_gives_one_secret_to_the_exchange_and_to_discovery(secret_file, mon
         seen.update(discovery=discovery)
         return 0, {}
 
-    monkeypatch.setattr("p2p_diloco.peers.process.run_island", fake_run_island)
+    monkeypatch.setattr("p2p_diloco.peers.launch.process.run_island", fake_run_island)
     r = CliRunner().invoke(main, ["join", "--secret-file", str(secret_file), "--device", "cpu"],
                            env={"P2P_DILOCO_SECRET": None, "P2P_DILOCO_SECRET_FILE": None})
     assert r.exit_code == 0, r.output

@@ -6,7 +6,7 @@ import time
 
 import pytest
 import torch
-from p2p_diloco.peers.gossip import GossipWorker
+from p2p_diloco.peers.gossip.worker import GossipWorker
 
 from p2p_diloco.config import NetworkConfig
 from p2p_diloco.discovery.records import IslandRecord
@@ -167,7 +167,7 @@ def test_a_worker_follows_a_public_state_sent_in_fragments_and_refuses_a_fragmen
     """Updates of one fragment each: the copy follows bit for bit, knows the sender's fragments (what
     it mixes is scaled by them, `partner_state`), and an update placed past the end is refused."""
     from p2p_diloco.core.public import PublicState
-    from p2p_diloco.peers.gossip import partner_state
+    from p2p_diloco.peers.gossip.worker import partner_state
 
     initial, sender, publish, _, worker = _public_sender(server, parts=4)
     for version in (1, 2):

@@ -2,7 +2,7 @@
 
 Two islands of a small model train a few rounds from the same weights, mixing each other's states;
 then each kind of state a broken or hostile member publishes (`bench member --poison`) is measured
-against one of them as a partner's state arriving is (`peers.admission.plausibility.measure`) and judged as
+against one of them as a partner's state arriving is (`peers.gossip.measure.measure`) and judged as
 the island's admission judges it (`peers.admission`, every check in the default order).
 """
 
@@ -20,7 +20,7 @@ from p2p_diloco.core.island import Island
 from p2p_diloco.core.model import build_model
 from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.peers.admission.admission import Admission
-from p2p_diloco.peers.admission.plausibility import measure
+from p2p_diloco.peers.gossip.measure import measure
 from p2p_diloco.peers.admission.protocol import Candidate
 from p2p_diloco.peers.admission.registry import build_checks
 from p2p_diloco.peers.identity import Identity

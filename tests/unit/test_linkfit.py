@@ -71,12 +71,12 @@ def test_the_slowest_partner_measured_lately_decides():
 
 
 def test_an_islands_fetch_choice_gives_way_once_and_says_what_it_fetches(caplog):
-    """`peers.fetchchoice.FetchChoice`: a fixed exchange asks the same every time; `auto` starts with
+    """`peers.gossip.fetchchoice.FetchChoice`: a fixed exchange asks the same every time; `auto` starts with
     whole states, gives a slow one up once (measuring its rate), then asks for updates, said once."""
     import logging
 
     from p2p_diloco.core.modes import exchange_mode
-    from p2p_diloco.peers.fetchchoice import FetchChoice
+    from p2p_diloco.peers.gossip.fetchchoice import FetchChoice
 
     fixed = FetchChoice(exchange_mode("updates", "sign"), "i", "me")
     assert fixed.next(1_000_000, 4.0) == (True, None) and fixed.describe() == ""
@@ -90,7 +90,7 @@ def test_an_islands_fetch_choice_gives_way_once_and_says_what_it_fetches(caplog)
     auto.started("p", False)
     slow = (1.0, 25_000, 1.0, 25_000.0)  # 25 kB/s: the rest takes 39 s, ~10 rounds
     caplog.clear()  # (what was said before, where an earlier test left the logger at INFO)
-    with caplog.at_level(logging.INFO, logger="p2p_diloco.peers.fetchchoice"):
+    with caplog.at_level(logging.INFO, logger="p2p_diloco.peers.gossip.fetchchoice"):
         assert auto.give_way(slow, state, round_s) and not auto.give_way(slow, state, round_s)  # judged once
         assert auto.next(state, round_s) == (True, True) and auto.next(state, round_s) == (True, True)
     said = [r.getMessage() for r in caplog.records if "fetches" in r.getMessage()]
@@ -100,7 +100,7 @@ def test_an_islands_fetch_choice_gives_way_once_and_says_what_it_fetches(caplog)
 
 def test_a_first_contact_that_took_as_long_as_a_probe_measures_a_slow_link_and_spares_the_probe(caplog):
     from p2p_diloco.core.modes import exchange_mode
-    from p2p_diloco.peers.fetchchoice import FetchChoice
+    from p2p_diloco.peers.gossip.fetchchoice import FetchChoice
 
     auto, state, round_s = FetchChoice(exchange_mode("auto", "sign"), "i", "me"), 1_000_000, 4.0
     assert auto.next(state, 0.0) == (True, True)  # in the first round: no round's length known yet
@@ -124,7 +124,7 @@ def test_on_updates_an_island_asks_for_a_whole_state_now_and_then_and_goes_back_
     import logging
 
     from p2p_diloco.core.modes import exchange_mode
-    from p2p_diloco.peers.fetchchoice import REPROBE_EVERY, FetchChoice
+    from p2p_diloco.peers.gossip.fetchchoice import REPROBE_EVERY, FetchChoice
 
     auto, state, round_s = FetchChoice(exchange_mode("auto", "sign"), "i", "me"), 1_000_000, 4.0
     auto.landed("p", 25_000.0, state)  # a slow rate: updates
@@ -137,7 +137,7 @@ def test_on_updates_an_island_asks_for_a_whole_state_now_and_then_and_goes_back_
     assert asked.count((False, True)) == 2 and asked[REPROBE_EVERY] == (False, True)  # from the ring partner
     assert all(a == (True, True) for k, a in enumerate(asked) if k not in (REPROBE_EVERY, 2 * REPROBE_EVERY + 1))
     caplog.clear()  # (what was said before, where an earlier test left the logger at INFO)
-    with caplog.at_level(logging.INFO, logger="p2p_diloco.peers.fetchchoice"):
+    with caplog.at_level(logging.INFO, logger="p2p_diloco.peers.gossip.fetchchoice"):
         auto.started("p", False)
         auto.landed("p", 1e9, state)  # the probe landed at loopback's rate
         assert auto.next(state, round_s) == (False, False)
@@ -148,7 +148,7 @@ def test_on_updates_an_island_asks_for_a_whole_state_now_and_then_and_goes_back_
 def test_an_update_that_took_as_long_as_a_probe_measured_the_link_and_spares_the_probe():
     """On a slow link each update's chunks measure it: a probe there would only cost a round its mix."""
     from p2p_diloco.core.modes import exchange_mode
-    from p2p_diloco.peers.fetchchoice import REPROBE_EVERY, FetchChoice
+    from p2p_diloco.peers.gossip.fetchchoice import REPROBE_EVERY, FetchChoice
 
     auto, state, round_s = FetchChoice(exchange_mode("auto", "sign"), "i", "me"), 1_000_000, 4.0
     auto.landed("p", 25_000.0, state)
@@ -163,7 +163,7 @@ def test_an_update_that_took_as_long_as_a_probe_measured_the_link_and_spares_the
 
 def test_only_the_first_whole_state_of_auto_skips_the_wait_for_a_partners_version():
     from p2p_diloco.core.modes import exchange_mode
-    from p2p_diloco.peers.fetchchoice import FetchChoice
+    from p2p_diloco.peers.gossip.fetchchoice import FetchChoice
 
     auto = FetchChoice(exchange_mode("auto", "sign"), "i", "me")
     assert not auto.waits(False)  # no rate yet: a probe, whose updates follow in the same round
@@ -177,7 +177,7 @@ def test_a_rate_too_old_to_count_does_not_make_a_whole_state_a_probe():
     """On loopback a whole state comes in one chunk once the link is measured, so no later fetch measures
     it again: the rate ages out of `RATE_MEMORY`, but the island still waits for its partner's version."""
     from p2p_diloco.core.modes import exchange_mode
-    from p2p_diloco.peers.fetchchoice import FetchChoice
+    from p2p_diloco.peers.gossip.fetchchoice import FetchChoice
 
     auto = FetchChoice(exchange_mode("auto", "sign"), "i", "me")
     auto.landed("p", 1e9, 1_000_000)
@@ -229,7 +229,7 @@ def test_fragments_follow_the_islands_own_uplink_not_the_partners_it_fetched_fro
 def test_an_island_says_once_when_its_updates_go_in_fragments(caplog):
     from p2p_diloco.core.modes import exchange_mode
     from p2p_diloco.discovery.records import IslandRecord
-    from p2p_diloco.peers.fetchchoice import FetchChoice
+    from p2p_diloco.peers.gossip.fetchchoice import FetchChoice
 
     fixed = FetchChoice(exchange_mode("fragments", "sign", 4), "i", "me")
     assert fixed.parts(100_000, {}) == 4

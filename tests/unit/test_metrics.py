@@ -1,6 +1,6 @@
 """LinkRates: the rates an island reports average bursty transfers over a window of rounds."""
 
-from p2p_diloco.peers.metrics import LinkRates
+from p2p_diloco.peers.reports.metrics import LinkRates
 
 
 def test_a_burst_shows_as_a_rate_until_it_leaves_the_window():
@@ -27,7 +27,7 @@ def test_the_window_keeps_a_bounded_number_of_samples():
 def test_the_line_an_island_leaves_with_says_what_its_exchanges_came_to():
     import io
 
-    from p2p_diloco.peers.metrics import summary_line
+    from p2p_diloco.peers.reports.metrics import summary_line
 
     out = io.StringIO()
     summary = {"name": "a", "rounds": 40, "mixes": 0, "refused": 5, "failed_fetches": 2, "too_stale": 3,
@@ -47,7 +47,7 @@ def test_the_progress_line_names_the_partner_by_its_label():
     import io
 
     from p2p_diloco.discovery.records import IslandRecord, label_among
-    from p2p_diloco.peers.metrics import progress_line
+    from p2p_diloco.peers.reports.metrics import progress_line
 
     members = {"f3f663bc0123456789ab": IslandRecord(peer_id="f3f663bc0123456789ab", endpoint="tcp://h:1", name="gpu-2")}
     row = {"round": 3, "version": 3, "loss": 2.5, "tokens_per_s": 1000.0, "bytes_in": 2e6, "utilization": 0.9}

@@ -1,7 +1,7 @@
 """Round pacing: an island that runs ahead of most others trains on until its round ends with theirs."""
 
 import pytest
-from p2p_diloco.peers.pacing import catch_up_seconds, phase_offset
+from p2p_diloco.peers.rounds.pacing import catch_up_seconds, phase_offset
 
 from p2p_diloco.discovery.records import IslandRecord
 

@@ -3,7 +3,7 @@
 import random
 
 import pytest
-from p2p_diloco.peers.partners import MAX_BACKOFF_S, MIN_BACKOFF_S, PartnerChooser
+from p2p_diloco.peers.gossip.partners import MAX_BACKOFF_S, MIN_BACKOFF_S, PartnerChooser
 
 from p2p_diloco.core.schedule import shifted_partner
 

@@ -13,9 +13,10 @@ from p2p_diloco.core.influence import InfluenceBound
 from p2p_diloco.core.params import CHUNK
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.peers.admission.claims import ClaimsCheck, median_version
-from p2p_diloco.peers.admission.drift import DriftCheck, Sketcher
+from p2p_diloco.peers.admission.drift import DriftCheck
+from p2p_diloco.peers.gossip.measure import Sketcher
 from p2p_diloco.peers.admission.ledger import PartnerLedger
-from p2p_diloco.peers.admission.plausibility import measure
+from p2p_diloco.peers.gossip.measure import measure
 from p2p_diloco.peers.admission.protocol import Candidate, Island
 
 MOMENTUM_CLIP = BoundsSettings().momentum_clip

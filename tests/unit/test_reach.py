@@ -1,4 +1,4 @@
-"""The receiving side of pushes inside an island (`peers.reach.PushInbox`): who may push, how many,
+"""The receiving side of pushes inside an island (`peers.gossip.reach.PushInbox`): who may push, how many,
 and how a pushed state is handed to the round, measured like a fetched one."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.exchange import payload
 from p2p_diloco.exchange.push import Pushed
 from p2p_diloco.peers.identity import Identity
-from p2p_diloco.peers.reach import Door, PushInbox
+from p2p_diloco.peers.gossip.reach import Door, PushInbox
 
 pytestmark = pytest.mark.timeout(30)
 

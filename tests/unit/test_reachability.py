@@ -310,7 +310,7 @@ def test_join_refuses_bad_ports_and_reach_before_it_starts(args, message):
 
 
 def test_join_builds_its_configs_with_the_derived_ports(monkeypatch):
-    from p2p_diloco.peers import process
+    from p2p_diloco.peers.launch import process
 
     seen = {}
 

@@ -1,4 +1,4 @@
-"""One island per run directory (`peers/rundir.py`), across processes."""
+"""One island per run directory (`peers/state/rundir.py`), across processes."""
 
 import logging
 import os
@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from p2p_diloco.peers.rundir import LOCK_NAME, RunDirInUse, RunDirLock
+from p2p_diloco.peers.state.rundir import LOCK_NAME, RunDirInUse, RunDirLock
 
 pytestmark = pytest.mark.timeout(60)
 
 
-HOLD = ("import sys; from p2p_diloco.peers.rundir import RunDirLock; lock = RunDirLock(sys.argv[1]); "
+HOLD = ("import sys; from p2p_diloco.peers.state.rundir import RunDirLock; lock = RunDirLock(sys.argv[1]); "
         "print('ready', flush=True); sys.stdin.read(); lock.release()")
 
 

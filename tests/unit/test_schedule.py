@@ -19,7 +19,7 @@ def test_the_island_and_the_simulator_decide_by_the_same_code():
     islands are indices, the swarm's peer ids)."""
     from p2p_diloco.core.modes import exchange_mode
     from p2p_diloco.discovery.records import IslandRecord
-    from p2p_diloco.peers.partners import PartnerChooser
+    from p2p_diloco.peers.gossip.partners import PartnerChooser
 
     ids = ["1d", "a2", "ac"]
     members = {i: IslandRecord(peer_id=i, endpoint=f"tcp://127.0.0.1:{k + 1}", version=3, tokens=10, state="training",

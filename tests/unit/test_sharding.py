@@ -1,4 +1,4 @@
-"""Sharded islands (`peers.sharding`): the setting's checks, and, in two gloo processes, rank 0's full
+"""Sharded islands (`peers.torchrun.sharding`): the setting's checks, and, in two gloo processes, rank 0's full
 copy gathered from the shards when it reads them and scattered back when it changes them."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch.multiprocessing as mp
 from p2p_diloco.config import SHARDS, TrainConfig
 from p2p_diloco.core.params import fingerprint
 from p2p_diloco.errors import ConfigError
-from p2p_diloco.peers.distributed import SYNC, IntraIsland, RankFollower
-from p2p_diloco.peers.sharding import SHARDINGS, FullyShard, GatheredSlices, Replicate, shard_island, sharding
+from p2p_diloco.peers.torchrun.distributed import SYNC, IntraIsland, RankFollower
+from p2p_diloco.peers.torchrun.sharding import SHARDINGS, FullyShard, GatheredSlices, Replicate, shard_island, sharding
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -90,7 +90,7 @@ def _two_ranks(rank: int, port: int, errors) -> None:
     except BaseException as e:  # report to the parent: an assert in a child would only show as an exit code
         errors.put(f"rank {rank}: {type(e).__name__}: {e}")
         raise
-    os._exit(0)  # (not the interpreter's finalization, as `peers.distributed.exit_process`: gloo aborted it)
+    os._exit(0)  # (not the interpreter's finalization, as `peers.torchrun.distributed.exit_process`: gloo aborted it)
 
 
 def test_rank_0_gathers_on_read_and_scatters_what_it_changed():

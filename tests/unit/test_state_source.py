@@ -14,7 +14,7 @@ from p2p_diloco.exchange import payload
 from p2p_diloco.exchange.client import Fetcher
 from p2p_diloco.exchange.server import SnapshotServer
 from p2p_diloco.peers.identity import Identity
-from p2p_diloco.peers.state import StateSource
+from p2p_diloco.peers.state.source import StateSource
 
 pytestmark = pytest.mark.timeout(60)
 UNREACHABLE = "tcp://127.0.0.1:9"

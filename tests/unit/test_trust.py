@@ -1,7 +1,7 @@
 """What a member can do to an island, and what an island does to itself when it diverges.
 
-Plausibility of partner states (`peers/plausibility.py`), refusals that drop a partner
-(`peers/partners.py`), and the rollback of a diverged island (`peers/divergence.py`) through the
+Plausibility of partner states (`peers/admission/plausibility.py`), refusals that drop a partner
+(`peers/gossip/partners.py`), and the rollback of a diverged island (`peers/rounds/divergence.py`) through the
 public API, in one process. The swarm-level attacks (a hostile member among honest ones, as
 processes) are measured by `p2p-diloco bench attack` (BENCHMARKS.md).
 """
@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from p2p_diloco.core import codecs
-from p2p_diloco.peers.partners import REFUSALS_TO_DROP, SET_ASIDE_S, PartnerChooser
+from p2p_diloco.peers.gossip.partners import REFUSALS_TO_DROP, SET_ASIDE_S, PartnerChooser
 from p2p_diloco.admission import GateSettings
-from p2p_diloco.peers.admission.plausibility import PlausibilityGate, relative_distance
+from p2p_diloco.peers.admission.plausibility import PlausibilityGate
+from p2p_diloco.peers.gossip.measure import relative_distance
 
 MIN_HISTORY, START_BOUND = GateSettings().min_history, GateSettings().start_bound
 
@@ -91,7 +92,7 @@ def test_a_resumed_time_bounded_island_keeps_its_learning_rate_schedule():
     from p2p_diloco.config import ModelConfig, TrainConfig
     from p2p_diloco.core.data import BatchSampler
     from p2p_diloco.core.model import build_model
-    from p2p_diloco.peers.runner import Trainer, train
+    from p2p_diloco.peers.launch.runner import Trainer, train
 
     class ResumedIsland:
         round, done, inner_seconds, steps = 4, False, 1e-3, 0
@@ -114,7 +115,7 @@ def test_a_joiner_adopts_the_state_the_freshest_members_agree_on():
     """A member claiming the highest version with a poisoned state does not become every newcomer's start."""
     from p2p_diloco.core.outer import PartnerState
     from p2p_diloco.discovery.records import IslandRecord
-    from p2p_diloco.peers.state import Downloaded, _most_central
+    from p2p_diloco.peers.state.source import Downloaded, _most_central
 
     def got(name, phi):
         return Downloaded(IslandRecord(peer_id=name, endpoint="tcp://127.0.0.1:1"), PartnerState(phi=phi, m=None, version=9, tokens=9), 0, 0.0)

@@ -12,7 +12,7 @@ With `exchange="updates"` the worker asks partners for their public states (`cor
 updates since the copy it holds, which it applies to that copy, or the public state whole. A partner
 that answers with its whole state (it sends whole states) is mixed as always.
 
-An outbound-only island (`peers.reach`) also pushes its own state over each connection it opens to
+An outbound-only island (`peers.gossip.reach`) also pushes its own state over each connection it opens to
 a reachable partner, once the fetched state is handed over; a partner that is outbound-only itself
 is reached through the bootstrap's relay, when there is one, to which every outbound-only island
 pushes each state it publishes (`push_to_relay`, on a thread of its own).
@@ -36,7 +36,7 @@ from p2p_diloco.core.public import PublicCopies, PublicCopy, Update, mixed_share
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.errors import BadPayload, CodecError, FetchCancelled, ForeignState, TransportError
 from p2p_diloco.exchange.linkemu import EmulatedLink
-from p2p_diloco.peers.admission.plausibility import Measured
+from p2p_diloco.peers.gossip.measure import Measured
 from p2p_diloco.peers.identity import Identity
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ class FetchResult:
     bad_state: bool = False
     """The failure was the partner's state itself (digests, sizes, non-finite values), not the link."""
     pushed: bool = False
-    """The partner pushed this state to us (`peers.reach.PushInbox`) rather than us fetching it."""
+    """The partner pushed this state to us (`peers.gossip.reach.PushInbox`) rather than us fetching it."""
     public: PublicCopy | None = None
     """The partner's public state, brought up to date by this fetch (`exchange="updates"`)."""
     rate_bps: float = 0.0
@@ -82,7 +82,7 @@ class GossipWorker:
         """`push_source()`: this island's latest (manifest, payload) to push, for an outbound-only
         island (else None); `relay`: the bootstrap's relay endpoint, if it runs one; `copies`: the
         partners' public states held (`exchange="updates"`), and `measure_public(copy)` measures one
-        (`peers.admission.plausibility.measure`)."""
+        (`peers.gossip.measure.measure`)."""
         self.network, self.secret, self.timeout_s, self.measure = network, secret, timeout_s, measure
         self.link = link
         """A WAN link to emulate for what this island's fetches send (benchmarks and tests)."""

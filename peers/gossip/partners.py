@@ -22,7 +22,7 @@ keeps everyone from fetching the same island. A candidate's weight multiplies:
 - model: a member whose record shows another model fingerprint is never a candidate;
 - who can dial whom: a member that runs outbound-only (`reach="outbound"`, behind a NAT) cannot be
   dialled, so it is a candidate only through the bootstrap's relay (`relay=True`); without one it
-  still reaches this island by pushing its state when it fetches from us (`peers.reach`).
+  still reaches this island by pushing its state when it fetches from us (`peers.gossip.reach`).
 
 With `ring=True` (islands that exchange public-state updates, `core.public`) the draw gives way to
 a fixed order: the candidate that follows this island in the ring of peer ids, the same one round

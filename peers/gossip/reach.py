@@ -26,9 +26,9 @@ from typing import Callable
 
 from p2p_diloco.config import DiscoveryConfig, IslandConfig
 from p2p_diloco.discovery.records import IslandRecord
-from p2p_diloco.peers.gossip import FetchResult
+from p2p_diloco.peers.gossip.worker import FetchResult
 from p2p_diloco.peers.identity import Identity
-from p2p_diloco.peers.admission.plausibility import Measured
+from p2p_diloco.peers.gossip.measure import Measured
 
 log = logging.getLogger(__name__)
 TURN_WAIT_S = 5.0
@@ -76,7 +76,7 @@ class Door:
     excluded: Callable[[str], bool]
     """Whether the island takes no state of that member now (`PartnerChooser.shunned`)."""
     measure: Callable[[object], Measured | None]
-    """What a state measured (`GossipWorker.measured`, `peers.admission.plausibility.measure`), on the inbox's own thread."""
+    """What a state measured (`GossipWorker.measured`, `peers.gossip.measure.measure`), on the inbox's own thread."""
 
 
 class PushInbox:

@@ -14,7 +14,7 @@ link as a probe does. One too small to measure it (a fast link) measures nothing
 the next fetch probes with a whole state as before. Said nowhere: it is not a choice of what to
 fetch.
 
-`FetchChoice` is the part of the island's rounds (`peers.rounds`) that owns that choice: it is asked
+`FetchChoice` is the part of the island's rounds (`peers.rounds.schedule`) that owns that choice: it is asked
 before each fetch, told what each fetch started and what each one measured, judges a running
 whole-state fetch (`give_way`), and says each change once, in the log and in the island's record.
 """

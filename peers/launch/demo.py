@@ -270,7 +270,7 @@ def sample_text(checkpoints: Path, prompt: str = "def ", n_bytes: int = 240, see
     from p2p_diloco.config import ModelConfig
     from p2p_diloco.core.island import load_vector
     from p2p_diloco.core.model import build_model
-    from p2p_diloco.peers import checkpoint
+    from p2p_diloco.peers.state import checkpoint
 
     ck = checkpoint.load(checkpoint.latest(checkpoints))
     model = build_model(ModelConfig())

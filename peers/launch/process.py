@@ -1,7 +1,7 @@
 """The island process of `p2p-diloco join`: device, torchrun ranks, model and data, signals, the loop.
 
 `run_island` builds what the CLI trains (the project's GPT on the device asked for, under torchrun
-DDP-wrapped or sharded with FSDP2, `--shard fsdp`, `peers.sharding`; the inner loop and its data)
+DDP-wrapped or sharded with FSDP2, `--shard fsdp`, `peers.torchrun.sharding`; the inner loop and its data)
 and hands model and optimizer to the public API
 (`peers.api` / `peers.island`): rank 0 of a torchrun group, or a plain process, is a
 `SwarmIsland`; the other ranks are `RankFollower`s. SIGINT, SIGTERM and SIGHUP (a closed terminal)
@@ -26,11 +26,11 @@ from p2p_diloco.core.inner import evaluate
 from p2p_diloco.core.model import build_model
 from p2p_diloco.errors import JoinStopped
 from p2p_diloco.exchange.linkemu import EmulatedLink
-from p2p_diloco.peers.distributed import IntraIsland, RankFollower, launched_world
+from p2p_diloco.peers.torchrun.distributed import IntraIsland, RankFollower, launched_world
 from p2p_diloco.peers.island import SwarmIsland
 from p2p_diloco.peers.parts import IslandParts
-from p2p_diloco.peers.runner import Trainer, train
-from p2p_diloco.peers.sharding import gather_on_read, local_numel, rank0_parts, sharding
+from p2p_diloco.peers.launch.runner import Trainer, train
+from p2p_diloco.peers.torchrun.sharding import gather_on_read, local_numel, rank0_parts, sharding
 from p2p_diloco.terminal import leave_terminal
 
 EVAL_BATCH_SIZE = 16
@@ -87,7 +87,7 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
     (`peers.parts`): the fault injection of benchmarks and tests goes there (`bench.member`), as
     does `link`, a WAN link to emulate."""
     device = resolve_device(train_cfg.device)
-    # DDP or FSDP2 under torchrun (`peers.sharding`); a shard without torchrun fails here, before anything starts
+    # DDP or FSDP2 under torchrun (`peers.torchrun.sharding`); a shard without torchrun fails here, before anything starts
     strategy = sharding(train_cfg.shard, launched_world())
     group = IntraIsland.init_from_env(device)
     stop = _StopFlag()
@@ -100,7 +100,7 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
         block = model_cfg.resolved()["block_size"]
         torch.manual_seed(train_cfg.seed)  # every island starts from the same weights
         model = build_model(model_cfg, corpus.vocab_size).to(device)
-        full = None  # a sharded island's rank 0: the full-size copy the swarm sees (`peers.sharding`)
+        full = None  # a sharded island's rank 0: the full-size copy the swarm sees (`peers.torchrun.sharding`)
         if group is not None:
             model = strategy.wrap(model, group)
             full = strategy.full_copy(group, model, lambda: build_model(model_cfg, corpus.vocab_size).to(device))

@@ -9,7 +9,7 @@ arrived last, the outer step, the snapshot the publishing thread publishes from)
 (`eval`), checkpoints (`checkpoint`), and the rest (`other`: announces, the round's row and
 progress line, bookkeeping). Before the first step the island spends `startup` (joining,
 the first evaluation and publish, the wait for members); after its last round `final` (the final
-mix and serving members behind it). What the publishing thread does (`peers.publishing`) overlaps
+mix and serving members behind it). What the publishing thread does (`peers.gossip.publishing`) overlaps
 the inner steps and is reported apart (`background`), not booked.
 
 So the parts add up to the wall time from the first step to the last round's end, and

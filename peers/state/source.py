@@ -26,10 +26,10 @@ from p2p_diloco.discovery.membership import Membership
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.errors import CheckpointError, TransportError
 from p2p_diloco.exchange.client import Fetcher
-from p2p_diloco.peers import checkpoint
-from p2p_diloco.peers.gossip import partner_state, route
+from p2p_diloco.peers.state import checkpoint
+from p2p_diloco.peers.gossip.worker import partner_state, route
 from p2p_diloco.peers.identity import Identity
-from p2p_diloco.peers.admission.plausibility import distance, norm
+from p2p_diloco.peers.gossip.measure import distance, norm
 
 log = logging.getLogger(__name__)
 JOIN_QUORUM = 3

@@ -30,7 +30,7 @@ from torch import nn
 from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.params import ParamSlices, named_trainable
 from p2p_diloco.errors import ConfigError, ModelError
-from p2p_diloco.peers.distributed import IntraIsland
+from p2p_diloco.peers.torchrun.distributed import IntraIsland
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def local_numel(model: nn.Module) -> int:
 
 class ShardedWeights:
     """The trainable parameters of a sharded model (a shard on each rank) and, on rank 0, the
-    full-size copy its island works on (the `peers.distributed.RankWeights` of a sharded island)."""
+    full-size copy its island works on (the `peers.torchrun.distributed.RankWeights` of a sharded island)."""
 
     def __init__(self, model: nn.Module, full_model: nn.Module | None) -> None:
         from torch.distributed.tensor import DTensor

@@ -1,4 +1,4 @@
-"""Several processes as one island under torchrun: DDP (or FSDP2, `peers.sharding`) inside, only rank 0 gossips.
+"""Several processes as one island under torchrun: DDP (or FSDP2, `peers.torchrun.sharding`) inside, only rank 0 gossips.
 
 Every rank runs the same training loop and calls `step()` after each inner step. Rank 0 is a
 `SwarmIsland` (snapshot server, membership, fetches, outer step, checkpoints); the other ranks are
@@ -12,11 +12,11 @@ resume). At every `step()` rank 0 broadcasts one command, and the ranks act on i
 - `STOP`: the island is done; `SYNC` (a final mix may have changed the weights), and `done`
   turns True on every rank at the same step;
 - `GATHER` (sharded islands only, before any of the others): rank 0 is about to read the weights;
-  every rank sends it its shard (`peers.sharding`), then waits for the step's command.
+  every rank sends it its shard (`peers.torchrun.sharding`), then waits for the step's command.
 
 So the ranks never drift apart, whatever ends a round early, and no rank but 0 holds an anchor.
 How weights travel between the ranks is the island's `weights` (`Replicas` here: DDP, every rank
-holds them all; `peers.sharding.ShardedWeights`: FSDP2, each rank a shard and rank 0 a full copy).
+holds them all; `peers.torchrun.sharding.ShardedWeights`: FSDP2, each rank a shard and rank 0 a full copy).
 NCCL islands keep the command on the rank's GPU (NCCL only moves device tensors); gloo on the host.
 """
 

@@ -42,7 +42,7 @@ from p2p_diloco.core.public import PublicCopies, PublicCopy, PublicState, mixed_
 from p2p_diloco.exchange.public_views import PublicView
 from p2p_diloco.exchange.server import SnapshotServer
 from p2p_diloco.peers.identity import Identity
-from p2p_diloco.peers.admission.plausibility import Measured, measure
+from p2p_diloco.peers.gossip.measure import Measured, measure
 
 log = logging.getLogger(__name__)
 SERVING_S = 2.0
@@ -234,7 +234,7 @@ class Publisher:
 
     def _measure_public(self, copy: PublicCopy) -> Measured:
         """`pub_partner - pub_own` measured against the anchor; its bounds take the share of it a mix takes
-        where updates come in fragments, as the mix does (`peers.gossip.partner_state`): their spans'
+        where updates come in fragments, as the mix does (`peers.gossip.worker.partner_state`): their spans'
         turns are staggered, so the whole difference carries up to `parts` rounds of each side's lag
         (on the gossip worker's thread: the public state is not changed meanwhile)."""
         with self.server.public.changing():
@@ -251,7 +251,7 @@ class Publisher:
     def at_start(self) -> bool:
         """Whether the island is in the first `FIRST_CONTACT_WITHIN` versions of a run it started at
         the initial weights (before its first publish: at version 0), where its partners' public
-        states are young chains from them: what `auto`'s first contact needs (`peers.fetchchoice`).
+        states are young chains from them: what `auto`'s first contact needs (`peers.gossip.fetchchoice`).
         A joiner or a resumed island starts its chain elsewhere."""
         p = self.public
         if p is None:

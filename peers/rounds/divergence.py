@@ -13,7 +13,7 @@ Now `SwarmIsland.step()` reports every loss here:
 - a divergence within the round after a partner's state was mixed (`suspect`) is blamed on that
   partner, not on the learning rate: the rollback keeps the learning rate and the partner's state
   is counted as refused (`on_blame`), so a member whose states diverge others is set aside as one
-  refused by the checks is (`peers.partners`); the mix itself was bounded (`core.influence`);
+  refused by the checks is (`peers.gossip.partners`); the mix itself was bounded (`core.influence`);
 - the learning rate is never cut below `LR_FLOOR` of its start: a warning says once that it is
   there, and later rollbacks keep it.
 

@@ -22,18 +22,18 @@ from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.core.schedule import FINAL_MIX_WAIT_S
 from p2p_diloco.discovery.membership import Membership
 from p2p_diloco.discovery.records import label_among
-from p2p_diloco.peers.alone import AloneWatch, Link
+from p2p_diloco.peers.rounds.alone import AloneWatch, Link
 from p2p_diloco.peers.admission.admission import Admission
 from p2p_diloco.peers.admission.claims import median_version
 from p2p_diloco.peers.admission.protocol import Admitted, Cancelled, Failed, Outcome, Refused
-from p2p_diloco.peers.fetchchoice import FetchChoice
-from p2p_diloco.peers.gossip import FetchResult, GossipWorker
+from p2p_diloco.peers.gossip.fetchchoice import FetchChoice
+from p2p_diloco.peers.gossip.worker import FetchResult, GossipWorker
 from p2p_diloco.peers.identity import Identity
-from p2p_diloco.peers.pacing import catch_up_seconds
-from p2p_diloco.peers.partners import PartnerChooser
-from p2p_diloco.peers.publishing import Publisher
-from p2p_diloco.peers.reach import PushInbox
-from p2p_diloco.peers.state import CatchingUp
+from p2p_diloco.peers.rounds.pacing import catch_up_seconds
+from p2p_diloco.peers.gossip.partners import PartnerChooser
+from p2p_diloco.peers.gossip.publishing import Publisher
+from p2p_diloco.peers.gossip.reach import PushInbox
+from p2p_diloco.peers.state.source import CatchingUp
 
 log = logging.getLogger(__name__)
 ANNOUNCE_EVERY_S = 2.0
@@ -316,7 +316,7 @@ class Rounds:
         return {**outcome.figures, "weight": 0.0}
 
     def _mix_pushed(self) -> None:
-        """Mix a state an outbound-only member pushed to us (`peers.reach`): between inner steps, or at
+        """Mix a state an outbound-only member pushed to us (`peers.gossip.reach`): between inner steps, or at
         the round's end for one that arrived after the last step."""
         if not self.inbox.has_result:
             return
@@ -364,7 +364,7 @@ class Rounds:
 
     def suspect(self) -> str | None:
         """The partner whose state was mixed last, if that was in this round or at the end of the one
-        before: a divergence now is blamed on it (`peers.divergence`)."""
+        before: a divergence now is blamed on it (`peers.rounds.divergence`)."""
         partner, at = self._last_mix
         return partner if partner is not None and at >= self.finished - 1 else None
 

@@ -13,22 +13,22 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from p2p_diloco.discovery.records import IslandRecord
-from p2p_diloco.peers.metrics import progress_line
-from p2p_diloco.peers.reporting import Figures
+from p2p_diloco.peers.reports.metrics import progress_line
+from p2p_diloco.peers.reports.figures import Figures
 
 if TYPE_CHECKING:
     from p2p_diloco.config import IslandConfig
     from p2p_diloco.core.island import OuterLoop
     from p2p_diloco.exchange.server import SnapshotServer
-    from p2p_diloco.peers.alone import AloneWatch
+    from p2p_diloco.peers.rounds.alone import AloneWatch
     from p2p_diloco.peers.admission.admission import Admission
-    from p2p_diloco.peers.gossip import GossipWorker
+    from p2p_diloco.peers.gossip.worker import GossipWorker
     from p2p_diloco.peers.identity import Identity
-    from p2p_diloco.peers.metrics import LinkRates, MetricsLog
-    from p2p_diloco.peers.publishing import Publisher
-    from p2p_diloco.peers.reach import Reach
-    from p2p_diloco.peers.rounds import Rounds, Tally
-    from p2p_diloco.peers.timebook import TimeBook
+    from p2p_diloco.peers.reports.metrics import LinkRates, MetricsLog
+    from p2p_diloco.peers.gossip.publishing import Publisher
+    from p2p_diloco.peers.gossip.reach import Reach
+    from p2p_diloco.peers.rounds.schedule import Rounds, Tally
+    from p2p_diloco.peers.rounds.timebook import TimeBook
 
 
 class IslandReports:
@@ -73,7 +73,7 @@ class IslandReports:
 
     def figures(self) -> Figures:
         """The island's figures now, what the dashboard shows of it: a dict whose every field, and the
-        sign of `staleness` (own version minus the partner's), `peers.reporting.Figures` documents."""
+        sign of `staleness` (own version minus the partner's), `peers.reports.figures.Figures` documents."""
         t = self.tally
         return {"peer_id": self.peer_id, "name": self.name, "version": self.version, "round": self.round,
                 "tokens": self.own_tokens, "partner": t.last_partner, "staleness": t.last_staleness,
@@ -129,7 +129,7 @@ class IslandReports:
 
     def utilization(self) -> float:
         """Share of the training thread's time from the first inner step to the last round's end spent
-        in the user's inner steps (`peers.timebook`)."""
+        in the user's inner steps (`peers.rounds.timebook`)."""
         return self.timebook.utilization()
 
     def _log_round(self, info: dict, steps: int, compute_s: float) -> None:
