@@ -53,7 +53,8 @@ from p2p_diloco.peers.admission.registry import build_checks
 from p2p_diloco.peers.gossip.publishing import Publisher
 from p2p_diloco.peers.gossip.reach import Door, PushInbox, check_reach
 from p2p_diloco.peers.reports.figures import StepLosses, loss_of
-from p2p_diloco.peers.rounds.schedule import ANNOUNCE_EVERY_S, Rounds, Tally
+from p2p_diloco.peers.rounds.schedule import ANNOUNCE_EVERY_S, Rounds
+from p2p_diloco.peers.rounds.tally import Tally
 from p2p_diloco.peers.state.rundir import RunDirLock
 from p2p_diloco.peers.parts import IslandParts
 from p2p_diloco.peers.state.source import DISCOVERY_SETTLE_S, STALE_LAG, CatchingUp, ModelExtras, StateSource, resume
@@ -247,7 +248,7 @@ class SwarmIsland(IslandReports):
                 self.rounds.between_steps()
         else:  # (before STOP: the other ranks take the weights the final mix made, and gather with it)
             self._final()
-        changed = self.weights_changed or self.rounds.changed
+        changed = self.weights_changed or self.rounds.mixing.changed
         self._tell_ranks(STOP if self.done else NEW_ROUND if ended else SYNC if changed else CARRY_ON)
         self._returned_at = time.monotonic()
         self.timebook.step_done(self._returned_at - now)
@@ -261,7 +262,7 @@ class SwarmIsland(IslandReports):
         self.rounds.rnd.compute_s += time.monotonic() - t0
         for value in values:
             self._loss = value
-            if self.guard.after_step(value, self.rounds.suspect()):
+            if self.guard.after_step(value, self.rounds.mixing.suspect()):
                 self.weights_changed = True
                 break
 
@@ -283,7 +284,7 @@ class SwarmIsland(IslandReports):
         rnd = self.rounds.rnd
         with self.timebook.spend("end"):
             if not self.guard.weights_finite():  # never an outer step from non-finite weights
-                self.guard.roll_back("non-finite weights at the round's end", self.rounds.suspect())
+                self.guard.roll_back("non-finite weights at the round's end", self.rounds.mixing.suspect())
             info, steps = self.rounds.finish()
             self.round += 1
             self.own_tokens += rnd.tokens
@@ -298,7 +299,7 @@ class SwarmIsland(IslandReports):
 
     def _tell_ranks(self, cmd: int) -> None:
         """Under torchrun, what this step did, to the other ranks (`peers.torchrun.distributed`)."""
-        self.weights_changed = self.rounds.changed = False
+        self.weights_changed = self.rounds.mixing.changed = False
         if self.group is None or self._stop_sent:
             return
         self.group.send(cmd)

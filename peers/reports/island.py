@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from p2p_diloco.peers.reports.metrics import LinkRates, MetricsLog
     from p2p_diloco.peers.gossip.publishing import Publisher
     from p2p_diloco.peers.gossip.reach import Reach
-    from p2p_diloco.peers.rounds.schedule import Rounds, Tally
+    from p2p_diloco.peers.rounds.schedule import Rounds
+    from p2p_diloco.peers.rounds.tally import Tally
     from p2p_diloco.peers.rounds.timebook import TimeBook
 
 

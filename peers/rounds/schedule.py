@@ -1,9 +1,8 @@
 """An island's rounds between two inner steps: keep a fetch going, mix what arrived, end the round.
 
 `Rounds` is the part of `SwarmIsland` that owns the round's schedule: when to look for a partner,
-mixing what arrived (fetched or pushed, once `peers.admission` admitted it: the mix and its
-bookkeeping are written once, `_mix`), when a round is over,
-the mixes of its end, and the final mix. The island (`peers.island`) holds its life: start, `step()`,
+when to mix what arrived (fetched or pushed: `peers.rounds.mixing`), when a round is over, the
+mixes of its end, and the final mix. The island (`peers.island`) holds its life: start, `step()`,
 the outer step's bookkeeping (publish, announce, metrics, checkpoints), close. All of it runs inside
 `SwarmIsland.step()`, between two of the user's inner steps, and never waits on the network.
 """
@@ -13,26 +12,25 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 from p2p_diloco.config import DiLoCoConfig, IslandConfig, NetworkConfig
 from p2p_diloco.core.island import OuterLoop
-from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.core.schedule import FINAL_MIX_WAIT_S
 from p2p_diloco.discovery.membership import Membership
 from p2p_diloco.discovery.records import label_among
 from p2p_diloco.peers.rounds.alone import AloneWatch, Link
 from p2p_diloco.peers.admission.admission import Admission
-from p2p_diloco.peers.admission.claims import median_version
-from p2p_diloco.peers.admission.protocol import Admitted, Cancelled, Failed, Outcome, Refused
+from p2p_diloco.peers.admission.protocol import Admitted
 from p2p_diloco.peers.gossip.fetchchoice import FetchChoice
-from p2p_diloco.peers.gossip.worker import FetchResult, GossipWorker
+from p2p_diloco.peers.gossip.worker import GossipWorker
 from p2p_diloco.peers.identity import Identity
 from p2p_diloco.peers.rounds.pacing import catch_up_seconds
 from p2p_diloco.peers.gossip.partners import PartnerChooser
 from p2p_diloco.peers.gossip.publishing import Publisher
 from p2p_diloco.peers.gossip.reach import PushInbox
+from p2p_diloco.peers.rounds.mixing import Mixing
+from p2p_diloco.peers.rounds.tally import Round, Tally
 from p2p_diloco.peers.state.source import CatchingUp
 
 log = logging.getLogger(__name__)
@@ -48,79 +46,23 @@ RETRY_FINAL_S = 0.1
 """How often the final mix looks for such a partner, and a lingering island for members behind."""
 
 
-@dataclass
-class Round:
-    """One round's schedule while its inner steps run."""
-
-    start: float
-    """Monotonic time the round began."""
-    fresh_until: float
-    """Until then only a partner at this island's version (or one behind) is fetched."""
-    next_try: float
-    """When to look for a partner again, if no fetch runs."""
-    last_announce: float
-    compute_s: float = 0.0
-    """Time spent in the user's inner steps this round."""
-    tokens: int = 0
-    """Tokens the round's inner steps trained on (the whole island's, every rank)."""
-    fetching: bool = False
-    arrived: dict | None = None
-    """The exchange figures of a partner mixed mid-round."""
-    stretch_until: float | None = None
-    """Past H: when to stop training on (set once H steps are done)."""
-    refused_from: list = field(default_factory=list)
-    """Partners whose state was refused mid-round (the round then looks for another one)."""
-    pushed_in: list = field(default_factory=list)
-    """States outbound-only members pushed to this island this round: partner, weight, staleness."""
-    gave_way: str | None = None
-    """The partner whose whole state this round gave up for updates (`--exchange auto`)."""
-
-    @classmethod
-    def begin(cls, same_version_wait: float, last_compute_s: float) -> Round:
-        """A round starting now: it waits `same_version_wait` of `last_compute_s` for a partner in step."""
-        now = time.monotonic()
-        return cls(start=now, fresh_until=now + same_version_wait * last_compute_s, next_try=now, last_announce=now)
-
-
-@dataclass
-class Tally:
-    """What an island counts of its exchanges, for its record, its summary and the dashboard."""
-
-    mixes: int = 0
-    """Partner states mixed with a weight above 0."""
-    bytes_in: int = 0
-    """Bytes this island received: fetches, joins, catch-ups (pushes to it are the pushers')."""
-    last_partner: str | None = None
-    last_staleness: int | None = None
-    failed: int = 0
-    """Fetches that failed on the way (timeouts, lost connections; not refusals)."""
-    too_stale: int = 0
-    """Partner states that arrived too stale to weigh anything (more than `max_staleness` behind)."""
-    fetched: dict = field(default_factory=lambda: {"state": 0, "updates": 0})
-    """Fetches that brought a whole state, and public-state updates."""
-
-
 class Rounds:
     """The round's schedule of one island (see the module docstring)."""
 
     def __init__(self, *, identity: Identity, outer: OuterLoop, diloco: DiLoCoConfig, island: IslandConfig,
                  network: NetworkConfig, membership: Membership, gossip: GossipWorker, chooser: PartnerChooser,
-                 admission: Admission, catching_up: CatchingUp, inbox: PushInbox, publisher: Publisher, tally: Tally, alone: AloneWatch,
-                 stopped: Callable[[], bool]) -> None:
+                 admission: Admission, catching_up: CatchingUp, inbox: PushInbox, publisher: Publisher, tally: Tally,
+                 alone: AloneWatch, stopped: Callable[[], bool]) -> None:
         self.identity, self.outer, self.diloco, self.cfg, self.network = identity, outer, diloco, island, network
-        self.membership, self.gossip, self.chooser, self.admission = membership, gossip, chooser, admission
-        self.catching_up = catching_up
+        self.membership, self.gossip, self.chooser, self.catching_up = membership, gossip, chooser, catching_up
         self.inbox, self.publisher, self.tally, self.alone, self.stopped = inbox, publisher, tally, alone, stopped
         self.rnd = Round.begin(island.same_version_wait, 0.0)
-        self.changed = False
-        """The weights changed outside an inner step (a mix, a catch-up): torchrun ranks must sync."""
         self.choice = FetchChoice(publisher.exchange, identity.name, identity.peer_id, publisher.at_start)
         """What each fetch asks for (`--exchange auto`: whole states or updates, from the link)."""
-        self.last_round_s = 0.0  # how long the previous round took, start to end
-        self.finished = 0
-        """Rounds finished."""
-        self._last_mix: tuple[str | None, int] = (None, 0)
-        """The partner of the last mix, and the rounds finished then."""
+        self.mixing = Mixing(outer=outer, diloco=diloco, membership=membership, gossip=gossip, inbox=inbox,
+                             admission=admission, choice=self.choice, tally=tally, alone=alone, label=self.label)
+        self.last_round_s, self.finished = 0.0, 0
+        """How long the previous round took, start to end; rounds finished."""
         self.training_from: float | None = None
         """Monotonic time of the first round's start: `max_seconds` counts from there."""
 
@@ -172,12 +114,12 @@ class Rounds:
         pushed), adopt a finished catch-up."""
         self._give_way()
         self._keep_fetching()
-        self.rnd.arrived = self.rnd.arrived or self._mix_if_arrived()
-        self._mix_pushed()
+        self.rnd.arrived = self.rnd.arrived or self.mixing.arrived(self.rnd)
+        self.mixing.pushed(self.rnd)
         nbytes = self.catching_up.adopt()
         if nbytes is not None:
             self.tally.bytes_in += nbytes
-            self.changed = True
+            self.mixing.changed = True
             self.alone.mixed()  # it took the swarm's state: not alone
 
     def _keep_fetching(self) -> None:
@@ -220,25 +162,6 @@ class Rounds:
                                                         self.last_round_s):
             self.gossip.cancel()
 
-    def _take(self, result: FetchResult | None = None) -> Outcome | None:
-        """The outcome of the exchange that ended (the fetch's, or the push given), admitted or not
-        (`peers.admission`: a pushed state gets every check a fetched one gets); None: none ended."""
-        result = result or self.gossip.take()
-        if result is None:
-            return None
-        outcome = self.admission.admit(result)
-        self.tally.bytes_in += result.nbytes
-        if isinstance(outcome, Refused):
-            self.alone.refused(self.label(result.peer_id), outcome.reason, outcome.foreign)
-        elif isinstance(outcome, Failed):
-            self.tally.failed += 1
-            self.alone.fetch_failed(outcome.error)
-        if result.snapshot is not None and not result.pushed:
-            fetched = outcome.figures["fetched"] = "state" if result.public is None else "updates"
-            self.tally.fetched[fetched] += 1
-            self.choice.landed(result.peer_id, result.rate_bps, result.nbytes)
-        return outcome
-
     def final_mix(self) -> dict | None:
         """`final_mix`, the budget spent: fetch one partner's last state and mix it into the anchor and
         the model before the final checkpoint, then serve on while a member still training is
@@ -261,7 +184,7 @@ class Rounds:
         while rnd.fetching and not self.stopped() and time.monotonic() < end:
             if self.gossip.wait_result(RETRY_FINAL_S):  # (in slices: a stop is not held up by a slow fetch)
                 break
-        info = self._mix_if_arrived()
+        info = self.mixing.arrived(rnd)
         if info is not None:
             log.info("%s: final mix with %s at weight %.3f", self.identity.name, self.label(info["partner"]), info["weight"])
         self._linger(deadline)
@@ -291,99 +214,22 @@ class Rounds:
                 return
             time.sleep(RETRY_FINAL_S)
 
-    def _mix_if_arrived(self) -> dict | None:
-        """Between inner steps (and for the final mix): mix a partner state the moment its fetch is done.
-
-        The anchor and the running weights move together, so the rest of the round trains from the
-        mixed point. Returns the exchange's figures, or None while nothing has arrived (or what
-        arrived was refused or given up: the round looks for another partner).
-        """
-        if not self.gossip.has_result:  # (it may still be pushing ours)
-            return None
-        outcome = self._take()
-        if isinstance(outcome, Refused):  # a refused state costs nothing else: look for another partner this round
-            self.rnd.refused_from.append(outcome.figures["partner"])
-            self.rnd.fetching = False
-            return None
-        if isinstance(outcome, Cancelled):  # a whole state that gave way: fetch updates now
-            self.rnd.gave_way = outcome.figures["partner"]
-            self.rnd.fetching = False
-            return None
-        if outcome is None:
-            return None
-        if isinstance(outcome, Admitted):
-            return self._mix(outcome)
-        return {**outcome.figures, "weight": 0.0}
-
-    def _mix_pushed(self) -> None:
-        """Mix a state an outbound-only member pushed to us (`peers.gossip.reach`): between inner steps, or at
-        the round's end for one that arrived after the last step."""
-        if not self.inbox.has_result:
-            return
-        result = self.inbox.take()
-        self.alone.exchanged()
-        outcome = self._take(result)
-        entry = {"partner": result.peer_id, "weight": 0.0}
-        if isinstance(outcome, Refused):
-            entry["refused"] = outcome.reason
-        if isinstance(outcome, Admitted):
-            figures = self._mix(outcome, pushed=True)
-            entry.update((k, figures[k]) for k in ("weight", "staleness"))
-        self.rnd.pushed_in.append(entry)
-
-    def _mix(self, admitted: Admitted, at_end: bool = False, pushed: bool = False) -> dict:
-        """Mix an admitted state: on arrival into the anchor and the running weights, or `at_end` into
-        the anchor before the outer step (`OuterLoop.end_round`, which takes the step too); then count
-        it, tell the admission, and follow a partner far ahead as far as the members confirm. Returns
-        the exchange's figures for the round's row."""
-        figures, state, steps = dict(admitted.figures), admitted.state, self.outer.round_steps
-        if at_end:  # (the staleness as the outer step left it, a partner ahead counting 0)
-            weight = self.outer.end_round([state], tokens=self.rnd.tokens)[0]
-            lag = self.outer.state.version - 1 - state.version
-        else:
-            lag = self.outer.state.version - state.version
-            weight = self.outer.mix_arrived(state)
-        figures.update(weight=weight, staleness=lag, mixed_after_steps=steps)
-        self.admission.mixed(figures["partner"], weight)
-        if weight > 0:
-            t = self.tally
-            t.mixes += 1
-            self._last_mix = (figures["partner"], self.finished)
-            if not pushed:
-                t.last_partner, t.last_staleness = figures["partner"], lag
-            self.changed = True
-            self.alone.mixed()
-            median = median_version(self.membership.members())  # follow a partner far ahead (`_follow_swarm`)
-            if median is not None:
-                s = self.outer.state
-                s.version = max(s.version, min(state.version, median) + int(at_end))
-        elif lag > self.diloco.max_staleness:
-            self.tally.too_stale += 1
-            self.alone.arrived_stale(lag)
-        return figures
-
-    def suspect(self) -> str | None:
-        """The partner whose state was mixed last, if that was in this round or at the end of the one
-        before: a divergence now is blamed on it (`peers.rounds.divergence`)."""
-        partner, at = self._last_mix
-        return partner if partner is not None and at >= self.finished - 1 else None
-
     def finish(self) -> tuple[dict, int]:
         """The round is over: mix what arrived after its last step (pushed or fetched) into the
         anchor, take the outer step; returns the exchange's figures for the round's row and its
         inner steps."""
         rnd, outer, steps = self.rnd, self.outer, self.outer.round_steps
-        self._mix_pushed()  # one pushed to us after the last inner step
-        outcome = self._take()  # a fetch that arrived after the last inner step
+        self.mixing.pushed(rnd)  # one pushed to us after the last inner step
+        outcome = self.mixing.take()  # a fetch that arrived after the last inner step
         if isinstance(outcome, Admitted):
-            info = self._mix(outcome, at_end=True)
+            info = self.mixing.mix(outcome, rnd, at_end=True)
         else:
             outer.end_round([], tokens=rnd.tokens)
             info = outcome.figures if outcome is not None else {"partner": None, "fetch_s": None, "bytes_in": 0}
             info = rnd.arrived if rnd.arrived is not None else info
-        self.admission.own_round(rnd.tokens)
+        self.mixing.admission.own_round(rnd.tokens)
         self.inbox.new_round()
-        self.changed = True
+        self.mixing.changed = True
         if rnd.refused_from:
             info["refused_from"] = rnd.refused_from
         if rnd.gave_way:
@@ -391,7 +237,7 @@ class Rounds:
         if rnd.pushed_in:
             info["pushed_in"] = rnd.pushed_in
         self.last_round_s = time.monotonic() - rnd.start
-        self.finished += 1
+        self.finished = self.mixing.finished = self.finished + 1
         running_s, _, _, data_rate = self.gossip.progress() or (0.0, 0, 0.0, math.nan)
         rate = self.chooser.measured_rate() or (data_rate if data_rate > 0 else None)  # (not a manifest's bytes)
         link = Link(rate, self.publisher.state_bytes, time.monotonic() - rnd.start, running_s,
