@@ -1,4 +1,4 @@
-"""`p2p-diloco bench transport|swarm|round|shard|attack|gpu`: the measurements BENCHMARKS.md quotes, each printed by one command."""
+"""`p2p-diloco bench transport|swarm|round|shard|attack|links|gpu`: the measurements BENCHMARKS.md quotes, each printed by one command."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from p2p_diloco.bench.links import SCENARIOS as LINK_SCENARIOS
 from p2p_diloco.bench.round import DEFAULT_PARAMS, GPT2_VOCAB
 from p2p_diloco.cli.join import join, run_join
 from p2p_diloco.cli.options import codec_option, csv, device_spec, user_errors
@@ -218,6 +219,45 @@ def bench_attack(kinds, honest, members, tokens, runs, workdir, as_json) -> None
                    f"(worst island x{a['worst_ratio_to_clean_mean']:.4f}, spread {a['spread']:.2%}, {a['diverged']} "
                    f"roll-backs); the member's states refused {a['member_states_refused']}, mixed "
                    f"{a['member_states_mixed']} (bounded {a['member_mixes_bounded']})")
+
+
+@bench.command("links")
+@click.option("--scenarios", default=",".join(LINK_SCENARIOS), show_default=True, callback=csv(str),
+              help="Link events, one swarm each: fast (every link fast), slow-uplink (one island's uplink at 0.5 "
+                   "Mbit/s), drop (one island's link down for the middle 40% of the run), partition (two halves "
+                   "cut apart for the middle 40%).")
+@click.option("--islands", type=click.IntRange(2, 16), default=4, show_default=True,
+              help="Islands, each on a host (a network namespace) of its own.")
+@click.option("--tokens", type=click.IntRange(min=1), default=368_640, show_default=True,
+              help="Tokens every island trains in every swarm.")
+@click.option("--runs", type=click.IntRange(1, 20), default=1, show_default=True, help="Swarms of each scenario.")
+@click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the runs here.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def bench_links(scenarios, islands, tokens, runs, workdir, as_json) -> None:
+    """Islands on hosts of their own (network namespaces, tc rate limits) while links slow down, go
+    down and split: eval loss, mixes and refusals before, during and after, and rounds to recover.
+    Needs root, ip, tc and iptables."""
+    from p2p_diloco.bench.links import run_bench_links, table
+    from p2p_diloco.bench.netns import iptables_binary
+
+    unknown = sorted(set(scenarios) - set(LINK_SCENARIOS))
+    if unknown or not scenarios:
+        raise click.BadParameter(f"unknown {', '.join(unknown) or 'none given'}; choose from "
+                                 f"{', '.join(LINK_SCENARIOS)}", param_hint="--scenarios")
+    binary, reason = iptables_binary()
+    if binary is None:
+        raise click.ClickException(f"bench links needs root, ip, tc and iptables: {reason}")
+    with user_errors():
+        try:
+            out = run_bench_links(tuple(dict.fromkeys(scenarios)), islands, tokens, runs,
+                                  Path(workdir) if workdir else None, iptables=binary)
+        except RuntimeError as e:  # the bootstrap node did not start: its log is named
+            raise click.ClickException(str(e)) from e
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    for line in table(out):
+        click.echo(line)
 
 
 @bench.command("gpu")

@@ -1,7 +1,8 @@
 """Private test hosts on one machine: network namespaces joined by bridges, with tbf rate limits.
 
-`HostNet` is a flat network: hosts on one bridge. `NatNet` adds home networks: hosts on a private
-LAN behind a router namespace that masquerades them onto the public bridge and lets nothing in
+`HostNet` is a flat network: hosts on one bridge; it, the namespaces' base class and
+`unavailable_reason` live in the product (`p2p_diloco.bench.netns`, which `bench links` runs its
+swarms on) and are imported here. `NatNet` adds home networks: hosts on a private LAN behind a router namespace that masquerades them onto the public bridge and lets nothing in
 that they did not start, as a real NAT does (issue 17).
 
 Every bridge lives in a namespace of its own, so no address of these hosts is ever configured or
@@ -11,99 +12,19 @@ creates, and everything is deleted at teardown.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import shutil
 import subprocess
 import uuid
 
-SUBNET = "10.213.77"  # HostNet's hosts and NatNet's public bridge
+from p2p_diloco.bench.netns import SUBNET, HostNet, unavailable_reason  # noqa: F401 (the tests' names)
+from p2p_diloco.bench.netns import Namespaces as _Namespaces
+from p2p_diloco.bench.netns import in_ns as _in
+from p2p_diloco.bench.netns import ip as _ip
+
 PRIVATE = "10.214"  # NatNet's router r has the LAN 10.214.r.0/24
 APT_TIMEOUT = 240  # seconds for one apt-get call
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
-
-
-def _in(ns: str, *args: str) -> None:
-    subprocess.run(["ip", "netns", "exec", ns, *args], check=True, capture_output=True, text=True, timeout=30)
-
-
-class _Namespaces:
-    """The namespaces of one test network, named with a random tag and deleted together by `close()`.
-
-    `close()` only deletes namespaces: the caller kills the processes it started in them first, since
-    a namespace that still holds a process outlives `ip netns del` (and keeps its addresses).
-    """
-
-    def __init__(self, rate: str) -> None:
-        self.tag = uuid.uuid4().hex[:6]
-        self.rate = rate
-        self.created: list[str] = []
-
-    @contextlib.contextmanager
-    def _undo_on_error(self):
-        """Deletes what a half-built network made: the caller never gets an object to close."""
-        try:
-            yield
-        except BaseException:
-            self.close()
-            raise
-
-    def _netns(self, name: str) -> str:
-        _ip("netns", "add", name)
-        self.created.append(name)
-        _ip("-n", name, "link", "set", "lo", "up")
-        return name
-
-    def _switch(self, name: str) -> str:
-        """A namespace holding nothing but the bridge `br0`: a switch that no host's address lives on."""
-        self._netns(name)
-        _ip("-n", name, "link", "add", "br0", "type", "bridge")
-        _ip("-n", name, "link", "set", "br0", "up")
-        return name
-
-    def _plug(self, ns: str, dev: str, switch: str, port: str, cidr: str, limit: bool = True) -> None:
-        """Cables `ns`'s interface `dev` (address `cidr`) to port `port` of `switch`'s bridge.
-
-        With `limit`, `dev` sends through a tbf at the network's rate: the host's own uplink.
-        """
-        _ip("-n", ns, "link", "add", dev, "type", "veth", "peer", "name", port, "netns", switch)
-        _ip("-n", ns, "addr", "add", cidr, "dev", dev)
-        _ip("-n", ns, "link", "set", dev, "up")
-        _ip("-n", switch, "link", "set", port, "master", "br0")
-        _ip("-n", switch, "link", "set", port, "up")
-        if limit:
-            _in(ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", self.rate, "burst", "256kb",
-                "latency", "50ms")
-
-    def close(self) -> None:
-        """Deletes every namespace; kill the processes started in them before calling it."""
-        for ns in reversed(self.created):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
-        self.created.clear()
-
-
-class HostNet(_Namespaces):
-    """`hosts` namespaces on one bridge, host i at `address(i)` in 10.213.77.0/24."""
-
-    def __init__(self, hosts: int, rate: str = "200mbit") -> None:
-        super().__init__(rate)
-        self.names = [f"p2ph{self.tag}{i}" for i in range(hosts)]
-        with self._undo_on_error():
-            self.switch = self._switch(f"p2psw{self.tag}")
-            for i, ns in enumerate(self.names):
-                self._netns(ns)
-                self._plug(ns, "eth0", self.switch, f"port{i}", f"{self.address(i)}/24")
-
-    @staticmethod
-    def address(i: int) -> str:
-        return f"{SUBNET}.{i + 1}"
-
-    def exec_prefix(self, i: int) -> list[str]:
-        return ["ip", "netns", "exec", self.names[i]]
 
 
 class NatNet(_Namespaces):
@@ -174,20 +95,6 @@ class NatNet(_Namespaces):
 
     def private_exec(self, r: int, j: int) -> list[str]:
         return ["ip", "netns", "exec", self.private[r][j]]
-
-
-def unavailable_reason() -> str | None:
-    """Why namespaces cannot be made here, or None when they can."""
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "iproute2 (ip, tc) is not installed"
-    if os.geteuid() != 0:
-        return "creating network namespaces needs root"
-    probe = f"p2pprobe{uuid.uuid4().hex[:6]}"
-    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=30)
-    if r.returncode != 0:
-        return f"ip netns add failed: {r.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=30)
-    return None
 
 
 def nat_unavailable_reason() -> str | None:
