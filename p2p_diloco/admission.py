@@ -11,10 +11,13 @@ from dataclasses import dataclass, field
 
 from p2p_diloco.errors import ConfigError
 
-CHECKS = ("identity", "claims", "momentum", "size", "behind", "gate", "influence", "drift", "probe")
+CHECKS = ("identity", "claims", "momentum", "gate", "clip", "trust", "drift", "probe")
 """Every check there is, in the default order: the state's model and run first, its claims counted
-before any bound reads them, the bounds that refuse before those that cap, the probe last (it judges
-the mix at the weight the others allow)."""
+before anything reads them, the two refusals of what no honest partner sends (a momentum beyond what
+pseudo-gradients sum to, a state as far as the weights are large), then the weight's bounds, all from
+one principle (the island's own progress per round, `D`): the move clipped around the island's own
+state, the partner's record over time, the swarm's drift over time, and last the probe, which judges
+the mix at the weight the others allow."""
 
 
 def _require(cond: bool, section: str, name: str, rule: str, value: object) -> None:
@@ -39,68 +42,66 @@ class ClaimsSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class BoundsSettings:
-    """`momentum`, `size`, `behind` and `influence`: bounds in rounds of the island's own progress `D`."""
+    """`momentum` and `clip`: bounds in rounds of the island's own progress `D` (`core.influence`)."""
 
     history: int = 8
     """Rounds of the island's own progress remembered."""
     clip: float = 2.0
-    """`influence`: a partner moves the anchor by at most this many of the island's own rounds' progress."""
+    """`clip`: a partner's difference from the island's state is clipped so that a mix moves the anchor by
+    at most this many of the island's rounds of progress (honest mixes move it by 0.5-0.65)."""
     momentum_ratio: float = 3.0
     """`momentum`: a partner's momentum may be this many times the norm an honest one reaches."""
     momentum_clip: float = 1.25
     """`momentum`: a partner's momentum is mixed at most this many times the norm of the island's own
     (a momentum x3 mixed as it came: +1.8% on the worst honest island)."""
-    size_rounds: float = 2.0
-    """`size`: a state's anchor norm may differ from the island's own by this many rounds."""
-    behind_rounds: float = 1.5
-    """`behind`: a state may sit this many rounds back along the island's progress, beyond its lag."""
-    start_rounds: float = 8.0
-    """`gate`: its bound before it learned distances, in rounds (a fixed 1.0 let an anchor x1.5 through)."""
-    apart_after: int = 8
-    """Rounds without a mix after which the size, behind and gate bounds widen."""
-    apart_most: float = 12.0
-    """The most rounds of progress that widening adds (an anchor x1.5 sat 23 rounds off the tiny
-    preset's own early on)."""
+    far_rounds: float = 8.0
+    """A state this many rounds away and `STALE_LAG` versions ahead shows the island stale: it catches up."""
 
     def __post_init__(self) -> None:
-        for name in ("clip", "momentum_ratio", "momentum_clip", "size_rounds", "behind_rounds", "start_rounds"):
+        for name in ("clip", "momentum_ratio", "momentum_clip", "far_rounds"):
             _require(getattr(self, name) > 0, "bounds", name, "> 0", getattr(self, name))
-        _require(self.history >= 1 and self.apart_after >= 0, "bounds", "history/apart_after", ">= 1 and >= 0",
-                 (self.history, self.apart_after))
-        _require(self.apart_most >= 0, "bounds", "apart_most", ">= 0", self.apart_most)
+        _require(self.history >= 1, "bounds", "history", ">= 1", self.history)
 
 
 @dataclass(frozen=True, kw_only=True)
 class GateSettings:
-    """`gate`: a distance bound learned from the states the island accepted."""
+    """`gate`: a state as far from the island's as the island's weights are large is no partner's."""
 
-    history: int = 32
-    """Accepted distances remembered."""
-    min_history: int = 4
-    """Accepted distances needed before the learned bound replaces the start bound."""
-    start_bound: float = 1.0
-    """The bound on the relative distance until then (a random or another run's state lands near sqrt 2)."""
-    ratio: float = 8.0
-    """A state may be this many times farther than the median accepted one ..."""
-    spread: float = 6.0
-    """... or this many (normal-scaled) median absolute deviations above the median."""
+    bound: float = 1.0
+    """The most relative distance `|phi_j - phi_i| / |phi_i|` (a random or another run's state lands near
+    sqrt 2, weights x1e6 far beyond; honest islands that trained apart for 600 rounds of H=5 sat at 0.93)."""
 
     def __post_init__(self) -> None:
-        _require(1 <= self.min_history <= self.history, "gate", "min_history", f"in [1, history={self.history}]",
-                 self.min_history)
-        for name in ("start_bound", "ratio", "spread"):
-            _require(getattr(self, name) > 0, "gate", name, "> 0", getattr(self, name))
+        _require(self.bound > 0, "gate", "bound", "> 0", self.bound)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrustSettings:
+    """`trust`: each partner's record of pulling the island back along its progress, over its states."""
+
+    slack: float = 0.5
+    """Rounds of progress a partner's states may sit farther back than the swarm's typical state, on its
+    average, before its weight falls (in proportion: `slack / excess`)."""
+    memory: float = 0.7
+    """What a partner's average keeps at each of its states."""
+    history: int = 32
+    """The swarm's last states whose median is the typical place (all partners' together)."""
+
+    def __post_init__(self) -> None:
+        _require(self.slack > 0, "trust", "slack", "> 0", self.slack)
+        _require(0 <= self.memory < 1, "trust", "memory", "in [0, 1)", self.memory)
+        _require(self.history >= 1, "trust", "history", ">= 1", self.history)
 
 
 @dataclass(frozen=True, kw_only=True)
 class DriftSettings:
-    """`drift`: what each partner's mixes moved the island, remembered per partner."""
+    """`drift`: what the partners' mixes moved the island, all partners together."""
 
     rounds: float = 4.0
-    """Rounds of the island's own progress one partner's mixes may move it along one direction."""
+    """Rounds of the island's own progress the partners' mixes may move it along one direction."""
     decay: float = 0.9
-    """What remains of a partner's sum at each of its mixes (decayed per round instead, a member mixed
-    every third round kept 2.7 of the 4 rounds free at each mix)."""
+    """What remains of the sum at each mix (decayed per round instead, a member mixed every third round
+    kept 2.7 of the 4 rounds free at each mix)."""
 
     def __post_init__(self) -> None:
         _require(self.rounds > 0, "drift", "rounds", "> 0", self.rounds)
@@ -136,6 +137,7 @@ class AdmissionConfig:
     claims: ClaimsSettings = field(default_factory=ClaimsSettings)
     bounds: BoundsSettings = field(default_factory=BoundsSettings)
     gate: GateSettings = field(default_factory=GateSettings)
+    trust: TrustSettings = field(default_factory=TrustSettings)
     drift: DriftSettings = field(default_factory=DriftSettings)
     probe: ProbeSettings = field(default_factory=ProbeSettings)
 

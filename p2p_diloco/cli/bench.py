@@ -250,7 +250,8 @@ def bench_links(scenarios, islands, tokens, runs, workdir, as_json) -> None:
     with user_errors():
         try:
             out = run_bench_links(tuple(dict.fromkeys(scenarios)), islands, tokens, runs,
-                                  Path(workdir) if workdir else None, iptables=binary)
+                                  Path(workdir) if workdir else None, iptables=binary,
+                                  log=lambda msg: click.echo(msg, err=True))
         except RuntimeError as e:  # the bootstrap node did not start: its log is named
             raise click.ClickException(str(e)) from e
     if as_json:

@@ -57,14 +57,10 @@ class OuterLoop:
     def pseudo_gradient(self) -> torch.Tensor:
         return self.state.phi - self.params_vector()
 
-    def weight(self, partner: PartnerState, count: bool = True) -> float:
+    def weight(self, partner: PartnerState) -> float:
         """The mixing weight of a partner's state now (0 = skip it; `core.outer.mixing_weight`), at most
-        the weight its admission decided (`PartnerState.cap`); `count`: a mix uses it (the rounds
-        unmixed halve, `InfluenceBound.mixed`)."""
-        a = min(mixing_weight(self.cfg, self.state.version, self.state.tokens, partner), partner.cap)
-        if count and a > 0:
-            self.influence.mixed()
-        return max(0.0, a)
+        the weight its admission decided (`PartnerState.cap`)."""
+        return max(0.0, min(mixing_weight(self.cfg, self.state.version, self.state.tokens, partner), partner.cap))
 
     @torch.no_grad()
     def progress(self) -> float | None:
@@ -171,7 +167,6 @@ class OuterLoop:
             else:
                 s.m[i:j].copy_(snapshot.m[i:j].to(s.m.device, non_blocking=True))
         s.version, s.tokens = snapshot.version, snapshot.tokens
-        self.influence.mixed(adopted=True)
         if joined:
             self.influence.adopted(float(s.m.norm()))
         self.begin_round()

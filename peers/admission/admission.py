@@ -38,7 +38,7 @@ from p2p_diloco.peers.gossip.partners import PartnerChooser
 from p2p_diloco.peers.gossip.publishing import Publisher
 
 log = logging.getLogger(__name__)
-COUNTED = ("claims", "momentum_scaled", "bounded")
+COUNTED = ("claims", "momentum_scaled", "held", "bounded")
 """Figures of a verdict counted over the island's life, for its summary."""
 
 
@@ -54,6 +54,8 @@ class Folded:
     """Its weight by tokens and staleness alone."""
     momentum_scale: float
     figures: dict
+    far: bool
+    """A check found it far from this island (when it is also far ahead, the island catches up)."""
 
 
 class Admission:
@@ -98,8 +100,11 @@ class Admission:
                               public=result.public is not None)
         folded = self.fold(candidate, lambda c: self._read(c, result))
         figures.update(folded.figures)
+        if folded.far and candidate.state.version >= self.outer.state.version + self.stale_lag:
+            self.catch_up(result.peer_id, candidate.state.version)  # this island may be the stale one
+            figures["caught_up"] = True
         if folded.refusal is not None:
-            return self._refused(result.peer_id, folded.refusal, figures, candidate)
+            return self._refused(result.peer_id, folded.refusal, figures)
         self.chooser.mixed(result.peer_id)
         return Admitted(replace(candidate.state, cap=folded.weight, m_scale=folded.momentum_scale), folded.weight,
                         figures)
@@ -110,19 +115,21 @@ class Admission:
         island = Island(self.outer, self.ledger, self.identity, self.members, None)
         base = cap = factor = scale = 1.0
         figures: dict = {}
+        far = False
         weighed = False
         for check in self.checks:
             if not weighed and check.name != "identity":
                 if candidate.state is None and (why := read(candidate)) is not None:
-                    return Folded(Verdict(refused=why, never_again=True), 0.0, 0.0, 1.0, figures)
+                    return Folded(Verdict(refused=why, never_again=True), 0.0, 0.0, 1.0, figures, False)
                 island = replace(island, progress=self.outer.progress())  # (a pass over the weights before a first step)
                 base = candidate.weight = self._base(candidate.state)
                 weighed = True
             verdict = check.judge(candidate, island)
             figures.update(verdict.figures)
+            far = far or verdict.far
             if verdict.refused is not None:
                 self._count(figures)
-                return Folded(verdict, 0.0, base, scale, figures)
+                return Folded(verdict, 0.0, base, scale, figures, far)
             if verdict.counted is not None:
                 version, tokens = verdict.counted
                 candidate.state = replace(candidate.state, version=version, tokens=tokens)
@@ -134,7 +141,7 @@ class Admission:
         if 0 < base and weight < base:
             figures["bounded"] = True
         self._count(figures)
-        return Folded(None, weight, base, scale, figures)
+        return Folded(None, weight, base, scale, figures, far)
 
     def _base(self, state: PartnerState) -> float:
         """The weight of `state` by its tokens and staleness (`core.outer.mixing_weight`)."""
@@ -153,12 +160,9 @@ class Admission:
             return str(e)
         return None
 
-    def _refused(self, peer: str, verdict: Verdict, figures: dict, candidate: Candidate | None) -> Refused:
+    def _refused(self, peer: str, verdict: Verdict, figures: dict) -> Refused:
         if verdict.never_again:
             self.chooser.exclude(peer)
-        if verdict.far and candidate is not None and candidate.state.version >= self.outer.state.version + self.stale_lag:
-            self.catch_up(peer, candidate.state.version)  # this island may be the stale one
-            figures["caught_up"] = True
         return self.refuse(peer, str(verdict.refused), figures, verdict.foreign)
 
     def _count(self, figures: dict) -> None:

@@ -2,11 +2,9 @@
 
 Each judges one of the bounds of `core.influence`, all measured in `D`, the norm of the island's own
 pseudo-gradient over a round (`island.progress`): `momentum` (a momentum beyond what honest
-pseudo-gradients sum to is refused, one beyond the island's own is mixed scaled down), `size` (an
-anchor's norm rounds of progress from the island's own), `behind` (a state back along the island's
-progress beyond its lag) and `influence` (the weight cut so that a mix moves the anchor by at most
-`clip` rounds). `identity` comes first of all: a state of another model or run is refused, its
-sender never chosen again.
+pseudo-gradients sum to is refused, one beyond the island's own is mixed scaled down) and `clip`
+(the weight cut so that a mix moves the anchor by at most `clip` rounds). `identity` comes first of
+all: a state of another model or run is refused, its sender never chosen again.
 """
 
 from __future__ import annotations
@@ -56,48 +54,21 @@ class MomentumCheck:
         return Verdict(momentum_scale=scale, figures={"momentum_scaled": round(scale, 4)})
 
 
-def _lag(candidate: Candidate, island: Island) -> int:
-    return island.outer.state.version - candidate.state.version
+class ClipCheck:
+    """`clip`: the weight at most `clip x D / gap`, so that a mix moves the anchor by `clip` rounds at
+    most (self-centred clipping: `core.influence`; the gap less what the state's encoding rounded
+    off, `Measured.trained`). A state `far_rounds` away and `stale_lag` versions ahead shows this
+    island stale (`far`: it catches up, `peers.state.source.CatchingUp`), and is mixed clipped meanwhile."""
 
-
-class SizeCheck:
-    """`size`: the anchor's norm within `size_rounds` (and a round a version of lag) of the island's own."""
-
-    name = "size"
-
-    def judge(self, candidate: Candidate, island: Island) -> Verdict:
-        m = candidate.measured
-        why = None if m is None else island.outer.influence.size(m.norm, m.anchor_norm, island.progress,
-                                                                  _lag(candidate, island))
-        return ADMIT if why is None else Verdict(refused=why, far=True)
-
-
-class BehindCheck:
-    """`behind`: at most `behind_rounds` back along the island's progress beyond the state's lag."""
-
-    name = "behind"
+    name = "clip"
 
     def judge(self, candidate: Candidate, island: Island) -> Verdict:
-        m = candidate.measured
+        m, d, bound = candidate.measured, island.progress, island.outer.influence
         if m is None:
             return ADMIT
-        bound = island.outer.influence
-        if (why := bound.behind(m.along, _lag(candidate, island))) is not None:
-            return Verdict(refused=why, far=True)
+        away = None if not d else m.trained / d
         behind = bound.rounds_behind(m.along)
-        return ADMIT if behind is None else Verdict(figures={"behind": round(behind, 3)})
-
-
-class InfluenceCheck:
-    """`influence`: the weight at most `clip x D / gap`, so that a mix moves the anchor by `clip` rounds
-    at most (as BTARD's CenteredClip clips each peer's contribution around the centre; the gap less
-    what the state's encoding rounded off, `Measured.trained`)."""
-
-    name = "influence"
-
-    def judge(self, candidate: Candidate, island: Island) -> Verdict:
-        m, d = candidate.measured, island.progress
-        if m is None:
-            return ADMIT
-        figures = {"distance": round(m.distance, 6), **({"rounds_away": round(m.trained / d, 3)} if d else {})}
-        return Verdict(cap=island.outer.influence.clip(m.trained, d), figures=figures)
+        figures = {"distance": round(m.distance, 6), **({} if away is None else {"rounds_away": round(away, 3)}),
+                   **({} if behind is None else {"behind": round(behind, 3)})}
+        far = away is not None and away > bound.s.far_rounds
+        return Verdict(cap=bound.clip(m.trained, d), figures=figures, far=far)

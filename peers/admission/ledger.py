@@ -1,7 +1,7 @@
 """Everything an island remembers of each partner, in one place.
 
-The checks that judge a state by its sender's past (`drift`: what its mixes moved the island;
-`probe`: how many of its mixes in a row were cut) and the admission itself (refusals, what was said
+The checks that judge a state by its sender's past (`trust`: how far its states sat beyond the
+swarm's; `probe`: how many of its mixes in a row were cut; `drift`: its admitted move until mixed) and the admission itself (refusals, what was said
 once of it) keep their memory of a partner here, in one `PartnerEntry` each. Partner choice keeps
 its own backoff (`peers.gossip.partners`): when to fetch from a member again is the chooser's decision,
 told by the admission.
@@ -28,8 +28,8 @@ class PartnerEntry:
     """Its states mixed, in all."""
     strikes: int = 0
     """Its last mixes that the probe cut, in a row (`probe`)."""
-    drift: torch.Tensor | None = None
-    """A sketch of what its mixes moved the island, decayed at each of its mixes (`drift`)."""
+    pull: float | None = None
+    """Its record: how far its states sat beyond the swarm's typical, on average (`trust`; None: no state yet)."""
     pending: torch.Tensor | None = None
     """The move per unit weight of its state admitted and not yet mixed (`drift`)."""
     said: set[str] = field(default_factory=set)

@@ -47,7 +47,7 @@ class Verdict:
     never_again: bool = False
     """Its sender is never chosen again (another model or run: it never changes)."""
     far: bool = False
-    """Refused for where it sits: when it is far ahead, this island may be the stale one (a catch-up)."""
+    """Far from this island: when it is also far ahead, this island may be the stale one (a catch-up)."""
     foreign: str | None = None
     """Refused as `model` or `run`: another model's, or another run's (`ForeignState.kind`)."""
 

@@ -10,12 +10,13 @@ from collections.abc import Callable, Sequence
 
 from p2p_diloco.admission import AdmissionConfig
 from p2p_diloco.core.island import OuterLoop
-from p2p_diloco.peers.admission.bounds import BehindCheck, IdentityCheck, InfluenceCheck, MomentumCheck, SizeCheck
+from p2p_diloco.peers.admission.bounds import ClipCheck, IdentityCheck, MomentumCheck
 from p2p_diloco.peers.admission.claims import ClaimsCheck
 from p2p_diloco.peers.admission.drift import DriftCheck
 from p2p_diloco.peers.admission.plausibility import PlausibilityGate
 from p2p_diloco.peers.admission.probe import EffectProbe
 from p2p_diloco.peers.admission.protocol import Check
+from p2p_diloco.peers.admission.trust import TrustCheck
 
 ProbeFn = Callable[[], float] | None
 """The model's loss over fixed held-out batches (`peers.admission.probe`; None: the island has no probe)."""
@@ -24,10 +25,9 @@ REGISTRY: dict[str, Callable[[AdmissionConfig, OuterLoop, ProbeFn], Check | None
     "identity": lambda config, outer, probe_fn: IdentityCheck(),
     "claims": lambda config, outer, probe_fn: ClaimsCheck(config.claims),
     "momentum": lambda config, outer, probe_fn: MomentumCheck(),
-    "size": lambda config, outer, probe_fn: SizeCheck(),
-    "behind": lambda config, outer, probe_fn: BehindCheck(),
     "gate": lambda config, outer, probe_fn: PlausibilityGate(config.gate),
-    "influence": lambda config, outer, probe_fn: InfluenceCheck(),
+    "clip": lambda config, outer, probe_fn: ClipCheck(),
+    "trust": lambda config, outer, probe_fn: TrustCheck(config.trust),
     "drift": lambda config, outer, probe_fn: DriftCheck(config.drift),
     "probe": lambda config, outer, probe_fn: None if probe_fn is None else EffectProbe(outer, probe_fn, config.probe),
 }

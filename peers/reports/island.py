@@ -95,7 +95,7 @@ class IslandReports:
                 "eval_loss": self.eval_loss, "version": self.version, "tokens": self.own_tokens,
                 "rounds": self.round, "mixes": self.tally.mixes, "refused": self.admission.refused,
                 "bounded": self.admission.counts["bounded"], "claims_clipped": self.admission.counts["claims"],
-                "momenta_scaled": self.admission.counts["momentum_scaled"],
+                "momenta_scaled": self.admission.counts["momentum_scaled"], "held": self.admission.counts["held"],
                 "failed_fetches": self.tally.failed, "too_stale": self.tally.too_stale,
                 "fetched": dict(self.tally.fetched),
                 "alone": self.alone.reason, "alone_episodes": self.alone.episodes, "utilization": self.utilization(),

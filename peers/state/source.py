@@ -235,6 +235,6 @@ def _most_central(states: list[Downloaded], initial: torch.Tensor) -> Downloaded
 
     best = min(range(len(states)), key=score)
     for j, d in enumerate(states):
-        if j != best and far[best][j] > GateSettings().start_bound:
+        if j != best and far[best][j] > GateSettings().bound:
             log.warning("joining: the state of %s is far from the other members'; not adopting it", d.record.label)
     return states[best]

@@ -107,12 +107,11 @@ def test_the_tolerance_follows_the_island_s_own_progress():
     assert probe.seen[-1][0] - probe.seen[0][0] <= WINDOW + 1
 
 
-def test_the_probe_leaves_the_running_weights_and_the_bound_count_as_they_were(trained):
+def test_the_probe_leaves_the_running_weights_and_the_anchor_as_they_were(trained):
     a, b, initial, probe = trained
-    running, unmixed = a.params_vector(), a.influence.unmixed
+    running, anchor = a.params_vector(), a.state.phi.clone()
     assert probe.effect(_state(a, initial * 3, b.state.m), 0.01) is not None
-    assert torch.allclose(a.params_vector(), running, atol=1e-6)
-    assert a.influence.unmixed == unmixed  # (no mix)
+    assert torch.allclose(a.params_vector(), running, atol=1e-6) and torch.equal(a.state.phi, anchor)  # (no mix)
 
 
 def test_nothing_to_judge_when_the_state_would_not_be_mixed(trained):

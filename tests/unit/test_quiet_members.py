@@ -82,42 +82,39 @@ class _Drift:
     def __init__(self) -> None:
         self.check, self.ledger = DriftCheck(), PartnerLedger()
 
-    def judge(self, peer: str, move: torch.Tensor, d: float) -> tuple[float, str | None]:
-        island = Island(None, self.ledger, None, dict, d)
-        verdict = self.check.judge(Candidate(peer, None, None, SimpleNamespace(move=move)), island)
-        return (0.0 if verdict.refused else verdict.cap), verdict.refused
+    def judge(self, peer: str, move: torch.Tensor, d: float) -> float:
+        verdict = self.check.judge(Candidate(peer, None, None, SimpleNamespace(move=move)),
+                                   Island(None, self.ledger, None, dict, d))
+        assert verdict.refused is None  # (drift never refuses: a push that keeps one way is mixed ever more lightly)
+        return verdict.cap
 
     def mixed(self, peer: str, weight: float) -> None:
         self.check.mixed(peer, weight, self.ledger)
 
 
-def test_honest_differences_come_and_go_a_drift_is_capped_then_refused():
+def test_honest_differences_come_and_go_a_drift_is_capped_however_many_push_it():
     g = torch.Generator().manual_seed(0)
     own, m = torch.randn(N, generator=g), torch.randn(N, generator=g)
     direction = torch.randn(N, generator=g)
     direction /= direction.norm()
     r = d = float(own.norm()) * 1e-3  # a difference of one round of progress
     memory = _Drift()
-    for _ in range(20):  # an honest partner, and one a round ahead along the island's own progress
-        for peer, extra in (("honest", 0.0), ("ahead", m * (r / m.norm()))):
-            cap, why = memory.judge(peer, _partner(own, m, extra, g, r).move, d)
-            assert why is None and cap >= 0.99, (peer, cap)
+    for _ in range(20):  # honest partners, and one a round ahead along the island's own progress
+        for peer, extra in (("honest", 0.0), ("other", 0.0), ("ahead", m * (r / m.norm()))):
+            cap = memory.judge(peer, _partner(own, m, extra, g, r).move, d)
+            assert cap >= 0.99, (peer, cap)
             memory.mixed(peer, 0.5)
     caps = []
-    for t in range(1, 20):  # the drift: a fixed direction, half a round farther every round
+    for t in range(1, 20):  # two members pushing one direction, half a round farther every round, in turns
+        peer = f"drift-{t % 2}"
         move = _partner(own, m, direction * (0.5 * t * r), g, r).move
-        cap, why = memory.judge("drift", move, d)
-        assert why is None
+        cap = memory.judge(peer, move, d)
         caps.append(cap)
-        memory.mixed("drift", min(0.5, cap))
+        memory.mixed(peer, min(0.5, cap))
     assert caps[0] == 1.0 and caps[-1] < 0.1 and min(caps[:8]) < 0.5, caps
-    # mixed ever more lightly: what a mix at the cap moves, at most what the decay frees at each mix
-    assert min(0.5, caps[-1]) * float(move.norm()) <= DRIFT_ROUNDS * (1 - DECAY) * d * 1.05
-    assert DriftCheck.along(memory.ledger["drift"].drift, move) <= DRIFT_ROUNDS * d * 1.001  # (at the cap: the bound)
-    memory.ledger["drift"].pending = move  # a mix past the cap (in no round of an island's): the next is refused
-    memory.mixed("drift", 1.0)
-    cap, why = memory.judge("drift", move, d)
-    assert cap == 0.0 and why.startswith("drift: its earlier mixes moved this island") and f"bound {DRIFT_ROUNDS:g}" in why
+    # mixed ever more lightly, whoever pushes: at most what the decay frees at each mix, never refused
+    assert min(0.5, caps[-1]) * float(move.norm()) == pytest.approx(DRIFT_ROUNDS * (1 - DECAY) * d, rel=0.1)
+    assert DriftCheck.along(memory.check.sum, move) <= DRIFT_ROUNDS * d * 1.05
 
 
 def test_attack_runs_are_judged_on_their_means_against_the_clean_mean():
