@@ -118,11 +118,11 @@ class SwarmIsland(IslandReports):
                                    measure=lambda snap: measure(self.outer.state.phi, snap.tensors["phi"],
                                                                 self.outer.state.m, snap.tensors.get("m")),
                                    push_source=self.server.latest if self.reach.mode == "outbound" else None,
-                                   relay=self.reach.relay, link=link, **self.publisher.partner_copies())
+                                   relay=self.reach.relay, link=link, **self.publisher.public_side.partner_copies())
         self.chooser = PartnerChooser(self.peer_id, self.diloco.max_staleness, model=self.identity.model,
                                       relay=self.reach.relay is not None, rng=random.Random(self.peer_id),
                                       ring=self.exchange.ring)
-        self.catching_up = CatchingUp(self.name, self.source, lambda: (self.publisher.restart_public(),
+        self.catching_up = CatchingUp(self.name, self.source, lambda: (self.publisher.public_side.restart(),
                                                                        self.admission.restart()))
         checks = build_checks(parts.admission, self.outer,
                               None if probe_fn is None else lambda: self.timebook.timed("probe", probe_fn), parts.checks)
@@ -369,5 +369,5 @@ class SwarmIsland(IslandReports):
         def served() -> None:
             self.gossip.push_to_relay()
             self.membership.announce(record.replace(published_at=self.publisher.published_at, timestamp=time.time()))
-        self.publisher.publish(self.rounds.choice.parts(self.publisher.update_bytes, self.membership.members()),
+        self.publisher.publish(self.rounds.choice.parts(self.publisher.public_side.update_bytes, self.membership.members()),
                                then=served, wait=wait)

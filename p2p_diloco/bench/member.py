@@ -168,13 +168,6 @@ class PoisonedPublisher(Publisher):
         super()._publish_now(replace(job, version=job.version + 1000, tokens=job.tokens * 1000)
                              if self.kind == "claims" else job)
 
-    def _advance_public(self, anchor: torch.Tensor | codecs.EncodedVector, parts: int, chain: int, version: int,
-                        tokens: int) -> None:
-        """The public state (`--exchange auto` or `updates`) follows what is published, poison and all (the
-        `nan` kind's NaN scales make the public state and its updates NaN there too)."""
-        anchor = anchor.float() if isinstance(anchor, codecs.EncodedVector) else anchor
-        super()._advance_public(anchor, parts, chain, version, tokens)
-
 
 def poisoned(kind: str) -> IslandParts:
     """An island's parts that publish `kind` from its first publish on, all else honest."""

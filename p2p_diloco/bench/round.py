@@ -202,7 +202,7 @@ def steady_chain(publisher: Any) -> int:
     rounds and their peak are those of an island many rounds in; the updates kept."""
     parts = publish_parts(publisher.exchange)
     publisher.publish(parts, wait=True)
-    public = publisher.public
+    public = publisher.public_side.public
     if public is None:
         return 0
     while True:

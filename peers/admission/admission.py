@@ -152,7 +152,7 @@ class Admission:
         """Read the candidate's mixable state from its snapshot; why it cannot be (None: it was)."""
         anchor = self.outer.state.phi
         try:
-            held = self.publisher.own_public() if result.public is not None else contextlib.nullcontext()
+            held = self.publisher.public_side.own() if result.public is not None else contextlib.nullcontext()
             with held as own:  # (at one version: the publishing thread advances it)
                 candidate.state = partner_state(result.snapshot, anchor.numel(), self.identity.model,
                                                 self.identity.run, public=result.public, own_public=own, anchor=anchor)

@@ -46,7 +46,7 @@ class FetchChoice:
 
     def __init__(self, exchange: Exchange, name: str, peer_id: str,
                  at_start: Callable[[], bool] = lambda: True) -> None:
-        """`at_start`: whether the island may make its first contact now (`Publisher.at_start`)."""
+        """`at_start`: whether the island may make its first contact now (`PublicSide.at_start`)."""
         self.name, self.exchange, self.peer_id, self._at_start = name, exchange, peer_id, at_start
         self.fit = LinkFit() if exchange.adaptive else None
         self._parts = 1

@@ -18,16 +18,15 @@ With `exchange="updates"` the island also advances its public state by one compr
 publish (`core.public`) and serves it to partners that ask for it (`exchange.public_views`); the
 whole state stays published for joiners, catch-ups and partners that do not ask. The update is
 encoded outside the public views' lock and applied under it, so that a reader of the public state
-(`own_public`: the mixing of a partner's) sees it whole, at one version.
+(the admission's reading of a partner's) sees it whole, at one version (`peers.gossip.public_side`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -35,14 +34,10 @@ import torch
 from p2p_diloco.core import codecs
 from p2p_diloco.core.device import copy_async, pinned_buffer
 from p2p_diloco.core.island import OuterLoop
-from p2p_diloco.core.linkfit import FIRST_CONTACT_WITHIN
 from p2p_diloco.core.modes import Exchange
-from p2p_diloco.core.params import weights_digest
-from p2p_diloco.core.public import PublicCopies, PublicCopy, PublicState, mixed_share
-from p2p_diloco.exchange.public_views import PublicView
 from p2p_diloco.exchange.server import SnapshotServer
 from p2p_diloco.peers.identity import Identity
-from p2p_diloco.peers.gossip.measure import Measured, measure
+from p2p_diloco.peers.gossip.public_side import PublicSide
 
 log = logging.getLogger(__name__)
 SERVING_S = 2.0
@@ -60,7 +55,7 @@ class _Job:
     tokens: int
     parts: int
     chain: int
-    """The public state's chain when it was taken (`restart_public` starts a new one)."""
+    """The public state's chain when it was taken (`PublicSide.restart` starts a new one)."""
     ready: list
     """CUDA events the copies finish at."""
     then: Callable[[], None] | None
@@ -73,7 +68,7 @@ class Publisher:
         self.server, self.outer, self.exchange, self.identity = server, outer, exchange, identity
         self.published_at = 0.0
         """Unix time of the last publish (the phase of the island's rounds, for pacing)."""
-        self.public: PublicState | None = None
+        self.public_side = PublicSide(server, outer, exchange, identity)
         """This island's public state (`exchange="updates"`), from its first publish on."""
         self.coalesced = 0
         """Snapshots replaced by a newer one before the publishing thread reached them."""
@@ -86,7 +81,6 @@ class Publisher:
         self._pending: _Job | None = None
         self._running: _Job | None = None
         self._error: BaseException | None = None
-        self._chain = 0
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -121,7 +115,7 @@ class Publisher:
             if (event := copy_async(x.reshape(-1), buf)) is not None:
                 ready.append(event)
             tensors[name] = buf
-        job = _Job(slot, tensors, s.version, s.tokens, parts, self._chain, ready, then)
+        job = _Job(slot, tensors, s.version, s.tokens, parts, self.public_side.chain, ready, then)
         with self._cond:
             self._pending = job
             self._cond.notify_all()
@@ -173,7 +167,7 @@ class Publisher:
         self.server.publish(job.tensors, job.version, job.tokens, meta=self.identity.meta(),
                             codec_of={"m": momentum.codec} if momentum.travels else None)
         if self.exchange.updates:
-            self._advance_public(job.tensors["phi"], job.parts, job.chain, job.version, job.tokens)
+            self.public_side.advance(job.tensors["phi"], job.parts, job.chain, job.version, job.tokens)
         self.published_at = time.time()
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -201,12 +195,6 @@ class Publisher:
         if error is not None:
             raise error
 
-    @contextlib.contextmanager
-    def own_public(self) -> Iterator[PublicState | None]:
-        """This island's public state, held at one version while the caller reads it."""
-        with self.server.public.changing():
-            yield self.public
-
     @property
     def state_bytes(self) -> int:
         """Bytes of the whole state served now (what a partner's fetch of it moves; 0 before the first publish)."""
@@ -220,64 +208,3 @@ class Publisher:
     def serving(self) -> bool:
         """A partner is fetching from this island: a reply went out within `SERVING_S`."""
         return self.server.sent_within(SERVING_S) > 0
-
-    def partner_copies(self) -> dict:
-        """With `exchange="updates"`, what the gossip worker needs to hold its partners' public states
-        (`GossipWorker`'s `copies` and `measure_public`: `pub_partner - pub_own`, what mixing adds to the
-        anchor, measured against it); else nothing. Called before any state is adopted: every copy
-        starts at the run's initial weights."""
-        if not self.exchange.updates:
-            return {}
-        initial = self.outer.state.phi.detach().cpu().clone()
-        return {"copies": PublicCopies(initial=initial),
-                "measure_public": self._measure_public}
-
-    def _measure_public(self, copy: PublicCopy) -> Measured:
-        """`pub_partner - pub_own` measured against the anchor; its bounds take the share of it a mix takes
-        where updates come in fragments, as the mix does (`peers.gossip.worker.partner_state`): their spans'
-        turns are staggered, so the whole difference carries up to `parts` rounds of each side's lag
-        (on the gossip worker's thread: the public state is not changed meanwhile)."""
-        with self.server.public.changing():
-            return measure(self.outer.state.phi, copy.pub, self.outer.state.m, base=self.public.pub,
-                           share=mixed_share(copy.parts, self.public.parts))
-
-    def restart_public(self) -> None:
-        """After the anchor jumped (a catch-up adopted another state): the next publish starts a new
-        chain there, instead of sending a jump a low-bit update would take many rounds to carry (a
-        snapshot taken before the jump advances no chain)."""
-        with self.server.public.changing():
-            self.public, self._chain = None, self._chain + 1
-
-    def at_start(self) -> bool:
-        """Whether the island is in the first `FIRST_CONTACT_WITHIN` versions of a run it started at
-        the initial weights (before its first publish: at version 0), where its partners' public
-        states are young chains from them: what `auto`'s first contact needs (`peers.gossip.fetchchoice`).
-        A joiner or a resumed island starts its chain elsewhere."""
-        p = self.public
-        if p is None:
-            return self.outer.state.version == 0
-        return p.from_init and p.version <= FIRST_CONTACT_WITHIN
-
-    @property
-    def update_bytes(self) -> int:
-        """Bytes of one whole update of the public state (0 without one)."""
-        p = self.public
-        return 0 if p is None else codecs.encoded_nbytes(p.pub.numel(), p.codec)
-
-    def _advance_public(self, anchor: torch.Tensor, parts: int, chain: int, version: int, tokens: int) -> None:
-        """The first publish starts the public state at the anchor; each later one sends an update,
-        encoded outside the lock and applied in place under it (`PublicViews.changing`)."""
-        p = self.public
-        update = None if p is None else p.next_update(anchor, parts)
-        with self.server.public.changing():
-            if chain != self._chain or p is not self.public:
-                return  # restarted since the snapshot: the next one starts the chain
-            if p is None:  # (the run's initial weights name the run: `run` is their digest)
-                at_init = version == 0 and weights_digest(anchor) == self.identity.run
-                p = self.public = PublicState(anchor, self.exchange.update_codec, from_init=at_init)
-            else:
-                p.take(update, parts)
-            self.server.publish_public(PublicView(chain=p.chain, version=p.version, pub=p.pub, updates=tuple(p.updates),
-                                                  outer_version=version, tokens=tokens, meta=self.identity.meta(),
-                                                  digest=weights_digest(p.pub), from_init=p.from_init,
-                                                  parts=p.parts))

@@ -37,6 +37,7 @@ from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.errors import BadPayload, CodecError, FetchCancelled, ForeignState, TransportError
 from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.peers.gossip.measure import Measured
+from p2p_diloco.peers.gossip.pushing import Pusher
 from p2p_diloco.peers.identity import Identity
 
 if TYPE_CHECKING:
@@ -87,9 +88,8 @@ class GossipWorker:
         self.link = link
         """A WAN link to emulate for what this island's fetches send (benchmarks and tests)."""
         self.copies, self.measure_public = copies, measure_public
-        self.push_source, self.relay = push_source, relay
-        self.pushes = {"sent": 0, "failed": 0, "bytes": 0}
-        self._relay_thread: threading.Thread | None = None
+        self.relay = relay
+        self.pusher = Pusher(network, timeout_s, push_source, relay, secret, link)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._result: FetchResult | None = None
@@ -154,7 +154,7 @@ class GossipWorker:
                     self._finished.set()
                 handed = True
                 if not via_relay:
-                    self._push(fetcher)
+                    self.pusher.push(fetcher)
             return
         except TransportError as e:
             self._running = None
@@ -188,40 +188,14 @@ class GossipWorker:
         return (time.monotonic() - running[0], running[1].wire_bytes, *running[1].data_progress())
 
     def push_to_relay(self) -> None:
-        """An outbound-only island with a relay: deliver the state just published there, in the
-        background (skipped while the previous one is still on its way)."""
-        if self.relay is None or self.push_source is None or self._closed:
-            return
-        if self._relay_thread is not None and self._relay_thread.is_alive():
-            return
-        self._relay_thread = threading.Thread(target=self._push_relay, name="relay-push", daemon=True)
-        self._relay_thread.start()
+        """An outbound-only island with a relay: deliver the state just published there (`Pusher`)."""
+        if not self._closed:
+            self.pusher.push_to_relay()
 
-    def _push_relay(self) -> None:
-        from p2p_diloco.exchange.client import Fetcher
-
-        try:
-            with Fetcher(self.relay, self.network, secret=self.secret, link=self.link) as relay:
-                self._push(relay)
-        except TransportError as e:
-            log.info("cannot reach the relay %s: %s", self.relay, e)
-
-    def _push(self, fetcher) -> None:
-        """Push our latest state over `fetcher`'s connection (outbound-only islands); a refusal or a
-        failure costs only this push."""
-        source = None if self.push_source is None else self.push_source()
-        if source is None:
-            return
-        try:
-            n = fetcher.push(*source, timeout=self.timeout_s)
-        except TransportError as e:
-            log.info("push to %s failed: %s", fetcher.endpoint, e)
-            with self._lock:
-                self.pushes["failed"] += 1
-            return
-        with self._lock:
-            self.pushes["sent"] += 1
-            self.pushes["bytes"] += n
+    @property
+    def pushes(self) -> dict[str, int]:
+        """This island's pushes: sent, failed, and their bytes."""
+        return self.pusher.pushes
 
     def _hold_public(self, peer: str, snap) -> PublicCopy | None:
         """Bring the copy of `peer`'s public state up to what `snap` answered (None: it answered with

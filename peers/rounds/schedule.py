@@ -57,7 +57,7 @@ class Rounds:
         self.membership, self.gossip, self.chooser, self.catching_up = membership, gossip, chooser, catching_up
         self.inbox, self.publisher, self.tally, self.alone, self.stopped = inbox, publisher, tally, alone, stopped
         self.rnd = Round.begin(island.same_version_wait, 0.0)
-        self.choice = FetchChoice(publisher.exchange, identity.name, identity.peer_id, publisher.at_start)
+        self.choice = FetchChoice(publisher.exchange, identity.name, identity.peer_id, publisher.public_side.at_start)
         """What each fetch asks for (`--exchange auto`: whole states or updates, from the link)."""
         self.mixing = Mixing(outer=outer, diloco=diloco, membership=membership, gossip=gossip, inbox=inbox,
                              admission=admission, choice=self.choice, tally=tally, alone=alone, label=self.label)
