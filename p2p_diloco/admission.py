@@ -7,6 +7,7 @@ own section here, documented with the figure that set it (BENCHMARKS.md, "Robust
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from p2p_diloco.errors import ConfigError
@@ -151,3 +152,26 @@ class AdmissionConfig:
             raise ConfigError(f"admission.checks names a check twice: {list(checks)}")
         if not checks or checks[0] != "identity":
             raise ConfigError(f"admission.checks must start with 'identity' (the state's model and run), got {list(checks)}")
+
+    @classmethod
+    def from_table(cls, table: dict) -> AdmissionConfig:
+        """The config file's `[admission]` table: `checks = [...]`, and one sub-table per settings section
+        (`[admission.trust]`, ...), each field checked by name and by its section's own rules."""
+        if not isinstance(table, dict):
+            raise ConfigError(f"[admission] must be a table, got {table!r}")
+        sections = {f.name: f for f in dataclasses.fields(cls) if f.name != "checks"}
+        out: dict = {}
+        for key, value in table.items():
+            if key == "checks":
+                if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+                    raise ConfigError(f"admission.checks must be a list of check names, got {value!r}")
+                out["checks"] = tuple(value)
+            elif key in sections:
+                kind = sections[key].default_factory
+                known = [f.name for f in dataclasses.fields(kind)]
+                if not isinstance(value, dict) or (bad := [k for k in value if k not in known]):
+                    raise ConfigError(f"[admission.{key}] takes {', '.join(known)}; got {value!r}")
+                out[key] = kind(**value)
+            else:
+                raise ConfigError(f"[admission] has no {key!r}; known: checks, {', '.join(sections)}")
+        return cls(**out)

@@ -2,7 +2,8 @@
 
 Two kinds of table:
 
-- **Config sections** (`[model]`, `[train]`, `[diloco]`, `[network]`, `[discovery]`, `[island]`),
+- **Config sections** (`[model]`, `[train]`, `[diloco]`, `[network]`, `[discovery]`, `[island]`, and
+  `[admission]` with its settings sections `[admission.trust]`, ...: `p2p_diloco.admission`),
   named and keyed as the config dataclasses of `p2p_diloco.config` are: they configure `join`
   (and `bench member`). Every field can be set there, the ones with no flag too (the expert
   knobs: `diloco.token_weighting`, `island.same_version_wait`, `network.max_window_bytes`, ...).
@@ -22,12 +23,14 @@ import difflib
 import click
 
 from p2p_diloco import config as cfg
+from p2p_diloco.admission import AdmissionConfig
 from p2p_diloco.errors import ConfigError
 
 ADVANCED = "p2p_diloco.advanced"
 """`ctx.meta` key: the file's section fields that no option sets, applied by `join` (`apply_advanced`)."""
 SECTIONS = {"model": cfg.ModelConfig, "train": cfg.TrainConfig, "diloco": cfg.DiLoCoConfig,
-            "network": cfg.NetworkConfig, "discovery": cfg.DiscoveryConfig, "island": cfg.IslandConfig}
+            "network": cfg.NetworkConfig, "discovery": cfg.DiscoveryConfig, "island": cfg.IslandConfig,
+            "admission": AdmissionConfig}
 """Config sections a file may set, by table name (the names the configs' own errors use)."""
 SECTION_COMMANDS = ("join", "bench.member")
 """The commands the config sections configure."""
@@ -96,6 +99,9 @@ def sections(tables: dict) -> tuple[dict, dict[str, dict]]:
     for name, table in tables.items():
         if name not in SECTIONS:
             commands[name] = table
+            continue
+        if name == "admission":  # (its sub-tables, checked by their own rules, before any command runs)
+            found[name] = dict(AdmissionConfig.from_table(table) and table)
             continue
         if not isinstance(table, dict):
             raise ConfigError(f"{name} must be a table ([{name}]) of {SECTIONS[name].__name__} fields, got {table!r}")
@@ -179,6 +185,11 @@ def _advanced() -> dict[str, dict]:
 def advanced_field(section: str, field: str) -> object | None:
     """The config file's `[section] field` when no option sets it (None when the file does not)."""
     return _advanced().get(section, {}).get(field)
+
+
+def advanced_section(section: str) -> dict:
+    """The config file's `[section]` table as far as no option sets it (`[admission]`: all of it)."""
+    return dict(_advanced().get(section, {}))
 
 
 def apply_advanced(configs: dict[str, object]) -> dict[str, object]:

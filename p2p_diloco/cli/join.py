@@ -13,7 +13,8 @@ from pathlib import Path
 
 import click
 
-from p2p_diloco.cli.config_file import advanced_field, apply_advanced
+from p2p_diloco.admission import AdmissionConfig
+from p2p_diloco.cli.config_file import advanced_field, advanced_section, apply_advanced
 from p2p_diloco.cli.options import (
     build_configs, config_file_option, device_options, diloco_options, discovery_config, discovery_options, grouped,
     model_options, retired_option, secret_options, swarm_secret, user_errors
@@ -112,6 +113,7 @@ def run_join(kw: dict, **faults) -> None:
     from p2p_diloco.core.device import autocast, resolve_device
     from p2p_diloco.peers.torchrun.distributed import exit_process
     from p2p_diloco.peers.launch.process import run_island
+    from p2p_diloco.peers.parts import IslandParts
 
     with user_errors():
         # one swarm secret seals discovery records and keys the state exchange (docs/SECURITY.md)
@@ -133,8 +135,10 @@ def run_join(kw: dict, **faults) -> None:
         autocast(resolve_device(train.device), train.precision)
         if advanced_field("train", "total_steps") is None:
             train = _schedule_length(train, c["model"].resolved()["block_size"], c["diloco"], c["island"])
+        parts = dataclasses.replace(faults.pop("parts", IslandParts()),
+                                    admission=AdmissionConfig.from_table(advanced_section("admission")))
         code, summary = run_island(c["island"], c["model"], train, c["diloco"], c["network"], discovery, data,
-                                   vocab_size=vocab_size, **faults)
+                                   vocab_size=vocab_size, parts=parts, **faults)
     if as_json and summary:  # ranks other than 0 of a torchrun island have no summary
         click.echo(json.dumps(summary))
     exit_process(code)

@@ -146,3 +146,26 @@ def test_no_round_decides_by_looking_for_a_key_in_the_exchange_s_figures():
         text = path.read_text()
         assert not re.search(r'"(refused|cancelled|fetch_error|foreign)" (not )?in info', text), path
         assert not re.search(r'info\.get\("(refused|cancelled)"\)', text), path
+
+
+def test_the_config_file_s_admission_table_sets_the_order_and_each_check_s_settings():
+    config = AdmissionConfig.from_table({"checks": ["identity", "gate", "clip"], "trust": {"slack": 0.4},
+                                         "drift": {"rounds": 3.0, "decay": 0.8}})
+    assert config.checks == ("identity", "gate", "clip") and config.trust.slack == 0.4
+    assert (config.drift.rounds, config.drift.decay) == (3.0, 0.8) and config.gate == AdmissionConfig().gate
+    for table, said in (({"trust": {"slak": 1}}, r"\[admission.trust\] takes slack"), ({"trst": {}}, "has no 'trst'"),
+                        ({"drift": {"decay": 1.5}}, r"admission.drift.decay must be in \[0, 1\)"),
+                        ({"checks": "identity"}, "must be a list of check names")):
+        with pytest.raises(ConfigError, match=said):
+            AdmissionConfig.from_table(table)
+
+
+def test_a_misspelt_admission_setting_in_a_config_file_is_one_clear_error(tmp_path):
+    from click.testing import CliRunner
+
+    from p2p_diloco.cli import main
+
+    path = tmp_path / "swarm.toml"
+    path.write_text('[admission]\nchecks = ["identity", "clip"]\n\n[admission.clip]\nradius = 1\n')
+    out = CliRunner().invoke(main, ["--config", str(path), "join", "--help"])
+    assert out.exit_code == 2 and "[admission] has no 'clip'" in out.output

@@ -35,7 +35,7 @@ def resolved(config: str, path: list[str], args: list[str] = ()) -> dict:
     ("[join]\nlr_warmup = 3\n", "[join] option 'lr_warmup' is unknown; did you mean [train] warmup_steps?"),
     ("[join]\ntotal_step = 3\n", "[join] option 'total_step' is unknown; did you mean [train] total_steps?"),
     ("[join]\nzzz = 3\n", "[join] option 'zzz' is unknown; none of the"),
-    ("[foo]\nx = 3\n", "table '[foo]' is unknown; known: [bench], [bootstrap], [dashboard]"),
+    ("[foo]\nx = 3\n", "table '[foo]' is unknown; known: [admission], [bench], [bootstrap]"),
     ("diloco = 1\n", "diloco must be a table ([diloco]) of DiLoCoConfig fields"),
     ("[simulate\n", "is not valid TOML"),
 ])
