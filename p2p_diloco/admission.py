@@ -78,20 +78,22 @@ class GateSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class TrustSettings:
-    """`trust`: each partner's record of pulling the island back along its progress, over its states."""
+    """`trust`: each partner's record, over its states, of how far back they sat and what their mixes did."""
 
-    slack: float = 0.5
-    """Rounds of progress a partner's states may sit farther back than the swarm's typical state, on its
-    average, before its weight falls (in proportion: `slack / excess`)."""
+    behind: float = 1.0
+    """Rounds back along the island's progress (beyond its lag) an honest state reaches: a state of the
+    same version lacks the part of the island's last step its own did not share (0-0.5 rounds in
+    `bench attack`'s clean runs)."""
+    slack: float = 0.25
+    """A partner whose record (rounds back beyond `behind`, and its mixes' rise of the held-out loss in
+    the probe's tolerance, averaged) stays within this is mixed as it comes; beyond, at `slack / record`."""
     memory: float = 0.7
-    """What a partner's average keeps at each of its states."""
-    history: int = 32
-    """The swarm's last states whose median is the typical place (all partners' together)."""
+    """What a partner's record keeps at each thing it takes in."""
 
     def __post_init__(self) -> None:
+        _require(self.behind >= 0, "trust", "behind", ">= 0", self.behind)
         _require(self.slack > 0, "trust", "slack", "> 0", self.slack)
         _require(0 <= self.memory < 1, "trust", "memory", "in [0, 1)", self.memory)
-        _require(self.history >= 1, "trust", "history", ">= 1", self.history)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -122,8 +122,7 @@ class SwarmIsland(IslandReports):
         self.chooser = PartnerChooser(self.peer_id, self.diloco.max_staleness, model=self.identity.model,
                                       relay=self.reach.relay is not None, rng=random.Random(self.peer_id),
                                       ring=self.exchange.ring)
-        self.catching_up = CatchingUp(self.name, self.source, lambda: (self.publisher.public_side.restart(),
-                                                                       self.admission.restart()))
+        self.catching_up = CatchingUp(self.name, self.source, self.publisher.public_side.restart)
         checks = build_checks(parts.admission, self.outer,
                               None if probe_fn is None else lambda: self.timebook.timed("probe", probe_fn), parts.checks)
         self.admission = Admission(checks, self.identity, self.outer, self.chooser, self.publisher,

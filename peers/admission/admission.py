@@ -31,7 +31,7 @@ from p2p_diloco.discovery.records import IslandRecord, label_among
 from p2p_diloco.errors import TransportError
 from p2p_diloco.peers.admission.ledger import PartnerLedger
 from p2p_diloco.peers.admission.protocol import (Admitted, Cancelled, Candidate, Check, Failed, Island, Outcome,
-                                                 Learns, Refused, Remembers, Verdict)
+                                                 Refused, Remembers, Verdict)
 from p2p_diloco.peers.gossip.worker import FetchResult, partner_state
 from p2p_diloco.peers.identity import Identity
 from p2p_diloco.peers.gossip.partners import PartnerChooser
@@ -192,9 +192,3 @@ class Admission:
         for check in self.checks:
             if isinstance(check, Remembers):
                 check.own_round(tokens)
-
-    def restart(self) -> None:
-        """The island adopted another state whole (a catch-up): what the checks learned starts over."""
-        for check in self.checks:
-            if isinstance(check, Learns):
-                check.restart()

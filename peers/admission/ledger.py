@@ -1,7 +1,7 @@
 """Everything an island remembers of each partner, in one place.
 
-The checks that judge a state by its sender's past (`trust`: how far its states sat beyond the
-swarm's; `probe`: how many of its mixes in a row were cut; `drift`: its admitted move until mixed) and the admission itself (refusals, what was said
+The checks that judge a state by its sender's past (`trust`: its record; `probe`: how many of its
+mixes in a row were cut, and what the last did to the held-out loss; `drift`: its admitted move until mixed) and the admission itself (refusals, what was said
 once of it) keep their memory of a partner here, in one `PartnerEntry` each. Partner choice keeps
 its own backoff (`peers.gossip.partners`): when to fetch from a member again is the chooser's decision,
 told by the admission.
@@ -28,8 +28,12 @@ class PartnerEntry:
     """Its states mixed, in all."""
     strikes: int = 0
     """Its last mixes that the probe cut, in a row (`probe`)."""
-    pull: float | None = None
-    """Its record: how far its states sat beyond the swarm's typical, on average (`trust`; None: no state yet)."""
+    record: float | None = None
+    """Its record: how far its states sat back beyond an honest one's and how much their mixes raised the
+    held-out loss, on average (`trust`; None: nothing measured yet)."""
+    probed: float | None = None
+    """What the probe measured its last mix doing to the held-out loss, in the probe's tolerance (0: it
+    lowered it), until its next state's record takes it in (`probe`, `trust`)."""
     pending: torch.Tensor | None = None
     """The move per unit weight of its state admitted and not yet mixed (`drift`)."""
     said: set[str] = field(default_factory=set)

@@ -34,6 +34,12 @@ from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.peers.admission.protocol import ADMIT, Candidate, Island, Verdict
 
+BASE_WEIGHT = 0.5
+"""The weight a mix's effect is read at for the partner's record (`trust`): the loss is about linear
+along a short mix, so a mix at a quarter of it raises the loss about a quarter as much."""
+RECORD_MOST = 10.0
+"""The most one mix's effect adds to a record, in the probe's tolerance."""
+
 class EffectProbe:
     """`probe`: the probe loss of the island's running weights with and without a partner's mix."""
 
@@ -99,7 +105,9 @@ class EffectProbe:
             return ADMIT
         if not math.isfinite(effect):
             return Verdict(refused="harmful: mixing it makes this island's probe loss non-finite")
-        entry = island.ledger[candidate.peer]
+        entry, tolerance = island.ledger[candidate.peer], self.tolerance()
         factor = self.cut(effect, entry.strikes)
         entry.strikes = 0 if factor == 1.0 else entry.strikes + 1
+        # the partner's record takes it in (`trust`), as at the base weight: a weight its record cut is no excuse
+        entry.probed = min(RECORD_MOST, max(0.0, effect) / tolerance * BASE_WEIGHT / max(candidate.weight, 1e-6))
         return Verdict(factor=factor, figures={"probe": round(effect, 5)})

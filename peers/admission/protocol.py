@@ -109,15 +109,6 @@ class Remembers(Protocol):
         ...
 
 
-@runtime_checkable
-class Learns(Protocol):
-    """A check that learns from the states it admits, and forgets when the island adopts another
-    state whole (a catch-up): `gate`."""
-
-    def restart(self) -> None:
-        ...
-
-
 @dataclass(frozen=True)
 class Admitted:
     """Mix `state` with `weight` (decided here, once)."""

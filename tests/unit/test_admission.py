@@ -153,7 +153,7 @@ def test_the_config_file_s_admission_table_sets_the_order_and_each_check_s_setti
                                          "drift": {"rounds": 3.0, "decay": 0.8}})
     assert config.checks == ("identity", "gate", "clip") and config.trust.slack == 0.4
     assert (config.drift.rounds, config.drift.decay) == (3.0, 0.8) and config.gate == AdmissionConfig().gate
-    for table, said in (({"trust": {"slak": 1}}, r"\[admission.trust\] takes slack"), ({"trst": {}}, "has no 'trst'"),
+    for table, said in (({"trust": {"slak": 1}}, r"\[admission.trust\] takes behind, slack"), ({"trst": {}}, "has no 'trst'"),
                         ({"drift": {"decay": 1.5}}, r"admission.drift.decay must be in \[0, 1\)"),
                         ({"checks": "identity"}, "must be a list of check names")):
         with pytest.raises(ConfigError, match=said):

@@ -14,7 +14,7 @@ import torch
 
 from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
 from p2p_diloco.core.data import BatchSampler
-from p2p_diloco.admission import AdmissionConfig, BoundsSettings
+from p2p_diloco.admission import AdmissionConfig, BoundsSettings, TrustSettings
 from p2p_diloco.core.influence import InfluenceBound
 from p2p_diloco.core.island import Island
 from p2p_diloco.core.model import build_model
@@ -99,18 +99,17 @@ def test_what_no_partner_sends_is_refused_and_every_other_state_moves_the_island
 
 def test_honest_partners_however_far_apart_are_mixed_their_move_clipped(trained):
     """Two honest islands that trained apart (a link down, a partition) mix again as soon as a state
-    arrives: the farther the state, the smaller the weight, the move at most `CLIP` rounds."""
+    arrives, never refused: the move at most `CLIP` rounds (less where it sits far back: `trust`)."""
     a, b, initial, _ = trained
     for apart in (1.5, 3.0):  # the partner's difference from the island, scaled (at 3: 0.8 x its weights away)
         phi = a.state.phi + apart * (b.state.phi - a.state.phi)
         why, measured, weight = _judge(a, phi, b.state.m)
-        assert why is None and weight > 0
-        assert weight * measured.trained == pytest.approx(min(0.5 * measured.trained, CLIP * a.progress()), rel=1e-6)
+        assert why is None and weight > 0 and weight * measured.trained <= CLIP * a.progress() * (1 + 1e-6)
 
 
 def test_a_partner_whose_states_keep_sitting_back_along_the_progress_loses_weight(trained):
-    """The trust record: states that sit back along the island's progress, beyond where the swarm's
-    states sit and beyond their lag, time after time, are mixed ever more lightly; honest ones as they come."""
+    """The trust record: states that sit back along the island's progress, beyond where an honest one
+    reaches and beyond their lag, time after time, are mixed ever more lightly; honest ones as they come."""
     a, b, initial, before = trained
     admission = admission_of(a)
     for _ in range(6):  # the swarm's typical place: honest states
@@ -125,8 +124,8 @@ def test_a_partner_whose_states_keep_sitting_back_along_the_progress_loses_weigh
                                           measure(a.state.phi, back, a.state.m, b.state.m)))
         assert folded.refusal is None
         weights.append(folded.weight)
-    assert admission.ledger["back"].pull > 2.0 and weights[-1] < 0.25 and weights[-1] <= weights[0] * 1.01
-    assert admission.ledger["honest"].pull <= 0.5  # (the slack)
+    assert admission.ledger["back"].record > 1.5 and weights[-1] < 0.1 and weights[-1] <= weights[0] * 1.01
+    assert admission.ledger["honest"].record <= TrustSettings().slack
 
 
 def test_a_public_state_is_measured_by_the_share_of_its_difference_a_mix_takes():

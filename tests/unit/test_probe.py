@@ -118,3 +118,17 @@ def test_nothing_to_judge_when_the_state_would_not_be_mixed(trained):
     a, b, _, probe = trained
     too_stale = PartnerState(b.state.phi, b.state.m, a.state.version - 100, a.state.tokens)
     assert probe.effect(too_stale, 0.0) is None and probe.cut(None, strikes=3) == 1.0
+
+
+def test_the_probe_leaves_what_a_mix_did_for_the_partner_s_record(trained):
+    """A mix that raised the held-out loss counts in its sender's record (`trust`), in the probe's
+    tolerance, as at the base weight; one that lowered it counts 0."""
+    from p2p_diloco.peers.admission.ledger import PartnerLedger
+    from p2p_diloco.peers.admission.protocol import Candidate, Island
+
+    a, b, initial, probe = trained
+    island = Island(a, PartnerLedger(), None, dict, a.progress())
+    probe.judge(Candidate("stuck", None, _state(a, initial, b.state.m), weight=0.5), island)
+    probe.judge(Candidate("honest", None, _state(a, b.state.phi, b.state.m), weight=0.5), island)
+    stuck, honest = island.ledger["stuck"].probed, island.ledger["honest"].probed
+    assert stuck > 0.25 and stuck > 4 * honest, (stuck, honest)
