@@ -79,7 +79,7 @@ def test_every_command_with_a_secret_takes_a_secret_file(command):
 def test_join_gives_one_secret_to_the_exchange_and_to_discovery(secret_file, monkeypatch):
     seen = {}
 
-    def fake_run_island(island, model, train, diloco, network, discovery, data, vocab_size=None):
+    def fake_run_island(island, model, train, diloco, network, discovery, data, vocab_size=None, parts=None):
         seen.update(discovery=discovery)
         return 0, {}
 
