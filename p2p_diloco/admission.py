@@ -171,7 +171,7 @@ class AdmissionConfig:
             elif key in sections:
                 kind = sections[key].default_factory
                 known = [f.name for f in dataclasses.fields(kind)]
-                if not isinstance(value, dict) or (bad := [k for k in value if k not in known]):
+                if not isinstance(value, dict) or any(k not in known for k in value):
                     raise ConfigError(f"[admission.{key}] takes {', '.join(known)}; got {value!r}")
                 out[key] = kind(**value)
             else:

@@ -50,7 +50,6 @@ from p2p_diloco.peers.gossip.partners import PartnerChooser
 from p2p_diloco.peers.admission.admission import Admission
 from p2p_diloco.peers.gossip.measure import measure
 from p2p_diloco.peers.admission.registry import build_checks
-from p2p_diloco.peers.gossip.publishing import Publisher
 from p2p_diloco.peers.gossip.reach import Door, PushInbox, check_reach
 from p2p_diloco.peers.reports.figures import StepLosses, loss_of
 from p2p_diloco.peers.rounds.schedule import ANNOUNCE_EVERY_S, Rounds

@@ -73,14 +73,9 @@ class Admission:
         self.identity, self.outer, self.chooser, self.publisher = identity, outer, chooser, publisher
         self.members, self.catch_up, self.stale_lag = members, catch_up, stale_lag
         self.ledger = PartnerLedger(identity.name)
-        self.refused = 0
         self.last_refused: str | None = None
         self.counts: Counter[str] = Counter()
         """How many states each figure of `COUNTED` was reported for."""
-
-    def check(self, name: str) -> Check | None:
-        """The check of that name, if this admission runs it."""
-        return next((c for c in self.checks if c.name == name), None)
 
     def admit(self, result: FetchResult) -> Outcome:
         """The outcome of an exchange that ended, fetched or pushed (see the module docstring)."""
@@ -96,8 +91,7 @@ class Admission:
             return Failed(str(result.error), figures)
         if not result.pushed:
             self.chooser.succeeded(result.peer_id, result.nbytes, result.seconds)
-        candidate = Candidate(result.peer_id, result.snapshot, measured=result.measured,
-                              public=result.public is not None)
+        candidate = Candidate(result.peer_id, result.snapshot, measured=result.measured)
         folded = self.fold(candidate, lambda c: self._read(c, result))
         figures.update(folded.figures)
         if folded.far and candidate.state.version >= self.outer.state.version + self.stale_lag:
@@ -108,6 +102,11 @@ class Admission:
         self.chooser.mixed(result.peer_id)
         return Admitted(replace(candidate.state, cap=folded.weight, m_scale=folded.momentum_scale), folded.weight,
                         figures)
+
+    @property
+    def refused(self) -> int:
+        """States refused, every partner's (the ledger's)."""
+        return sum(entry.refused for entry in self.ledger.entries.values())
 
     def fold(self, candidate: Candidate, read: Callable[[Candidate], str | None] = lambda c: None) -> Folded:
         """Run the checks on `candidate` in order and fold their verdicts (see the module docstring);
@@ -171,9 +170,8 @@ class Admission:
     def refuse(self, peer: str, why: str, figures: dict | None = None, foreign: str | None = None) -> Refused:
         """A partner's state is not mixed: count it, back the partner off (or set it aside), say why."""
         figures = {} if figures is None else figures
-        self.refused += 1
         self.last_refused = peer
-        self.ledger.refused(peer, why)
+        self.ledger[peer].refused += 1
         aside = self.chooser.refused(peer)
         log.warning("refused the state of %s: %s%s", label_among(self.members(), peer), why,
                     "" if aside is None else f"; not choosing it for {aside:.0f} s")
@@ -182,7 +180,6 @@ class Admission:
 
     def mixed(self, peer: str, weight: float) -> None:
         """The state admitted for `peer` was weighed, and mixed with `weight` (0: it was not)."""
-        self.ledger.mixed(peer, weight)
         for check in self.checks:
             if isinstance(check, Remembers):
                 check.mixed(peer, weight, self.ledger)

@@ -26,8 +26,6 @@ member can aim a direction at what they lose. `rounds` and `decay` are
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from p2p_diloco.admission import DriftSettings

@@ -23,9 +23,6 @@ class PartnerEntry:
 
     refused: int = 0
     """Its states refused, in all."""
-    last_refusal: str | None = None
-    mixed: int = 0
-    """Its states mixed, in all."""
     strikes: int = 0
     """Its last mixes that the probe cut, in a row (`probe`)."""
     record: float | None = None
@@ -50,15 +47,6 @@ class PartnerLedger:
 
     def __getitem__(self, peer: str) -> PartnerEntry:
         return self.entries.setdefault(peer, PartnerEntry())
-
-    def refused(self, peer: str, why: str) -> None:
-        entry = self[peer]
-        entry.refused += 1
-        entry.last_refusal = why
-
-    def mixed(self, peer: str, weight: float) -> None:
-        if weight > 0:
-            self[peer].mixed += 1
 
     def say_once(self, peer: str, label: str, what: str, message: str) -> bool:
         """Log `message` about `peer` (shown as `label`) the first time `what` is said of it; True then."""

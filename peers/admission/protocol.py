@@ -69,8 +69,6 @@ class Candidate:
     islands without a gossip worker's measure)."""
     weight: float = 0.0
     """The weight the checks so far allow (the base weight, `core.outer.mixing_weight`, at first)."""
-    public: bool = False
-    """It came as updates of a public state."""
 
 
 @dataclass(frozen=True)

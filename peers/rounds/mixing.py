@@ -36,7 +36,7 @@ class Mixing:
         self.last_mix: tuple[str | None, int] = (None, 0)
         """The partner of the last mix, and the rounds finished then (`suspect`)."""
         self.finished = 0
-        """The island's rounds finished (told by the schedule)."""
+        """The island's rounds finished (counted by the schedule, `Rounds.finish`)."""
 
     def take(self, result: FetchResult | None = None) -> Outcome | None:
         """The outcome of the exchange that ended (the fetch's, or the push given), admitted or not

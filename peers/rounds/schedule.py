@@ -61,8 +61,8 @@ class Rounds:
         """What each fetch asks for (`--exchange auto`: whole states or updates, from the link)."""
         self.mixing = Mixing(outer=outer, diloco=diloco, membership=membership, gossip=gossip, inbox=inbox,
                              admission=admission, choice=self.choice, tally=tally, alone=alone, label=self.label)
-        self.last_round_s, self.finished = 0.0, 0
-        """How long the previous round took, start to end; rounds finished."""
+        self.last_round_s = 0.0
+        """How long the previous round took, start to end."""
         self.training_from: float | None = None
         """Monotonic time of the first round's start: `max_seconds` counts from there."""
 
@@ -237,7 +237,7 @@ class Rounds:
         if rnd.pushed_in:
             info["pushed_in"] = rnd.pushed_in
         self.last_round_s = time.monotonic() - rnd.start
-        self.finished = self.mixing.finished = self.finished + 1
+        self.mixing.finished += 1
         running_s, _, _, data_rate = self.gossip.progress() or (0.0, 0, 0.0, math.nan)
         rate = self.chooser.measured_rate() or (data_rate if data_rate > 0 else None)  # (not a manifest's bytes)
         link = Link(rate, self.publisher.state_bytes, time.monotonic() - rnd.start, running_s,
