@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from p2p_diloco.errors import ConfigError
+from p2p_diloco.errors import ConfigError, require
 
 CHECKS = ("identity", "claims", "momentum", "gate", "clip", "trust", "drift", "probe")
 """Every check there is, in the default order: the state's model and run first, its claims counted
@@ -22,8 +22,7 @@ the mix at the weight the others allow."""
 
 
 def _require(cond: bool, section: str, name: str, rule: str, value: object) -> None:
-    if not cond:
-        raise ConfigError(f"admission.{section}.{name} must be {rule}, got {value!r}")
+    require(cond, f"admission.{section}", name, rule, value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,9 +88,13 @@ class TrustSettings:
     the probe's tolerance, averaged) stays within this is mixed as it comes; beyond, at `slack / record`."""
     memory: float = 0.7
     """What a partner's record keeps at each thing it takes in."""
+    step: float = 0.1
+    """Rounds of the island's progress one mix may take back beyond what an honest state of its lag does:
+    a state `x` rounds further back than `behind` is mixed at `step / x` at most, from its first state on."""
 
     def __post_init__(self) -> None:
         _require(self.behind >= 0, "trust", "behind", ">= 0", self.behind)
+        _require(self.step > 0, "trust", "step", "> 0", self.step)
         _require(self.slack > 0, "trust", "slack", "> 0", self.slack)
         _require(0 <= self.memory < 1, "trust", "memory", "in [0, 1)", self.memory)
 

@@ -13,6 +13,12 @@ class ConfigError(P2PDiLoCoError, ValueError):
     """A configuration value is missing, of the wrong type, or out of its allowed range."""
 
 
+def require(cond: bool, section: str, name: str, rule: str, value: object) -> None:
+    """A setting's check: `ConfigError` naming `section.name`, the rule and the value when `cond` is false."""
+    if not cond:
+        raise ConfigError(f"{section}.{name} must be {rule}, got {value!r}")
+
+
 class DeviceError(P2PDiLoCoError):
     """The requested --device or --precision is not usable on this machine (no CUDA, no such GPU index,
     no bf16 autocast): a user error the CLI reports in one line, before anything starts."""

@@ -16,6 +16,9 @@ average over that partner's states (each keeping `memory` of the one before) of
 - what the probe measured its mix doing to the held-out loss, in the probe's tolerance
   (`peers.admission.probe`; a mix that lowered it counts 0).
 
+Each state is bounded on its own too, from a partner's first state on: one `x` rounds further back
+than `behind` beyond its lag is mixed at `step / x` at most, so that no mix takes the island back more
+than `step` rounds beyond what an honest state of its lag does (a record needs a few states to grow).
 A partner whose record stays within `slack` is mixed as its state comes; beyond, its weight is
 multiplied by `slack / record`. Nothing is refused: a partner whose states come back to where honest
 ones sit regains its weight within a few, and honest islands that trained apart (a link down, a
@@ -45,12 +48,18 @@ class TrustCheck:
             entry.probed = None
         m = candidate.measured
         behind = None if m is None else island.outer.influence.rounds_behind(m.along)
+        beyond = 0.0
         if behind is not None:
             lag = max(0, island.outer.state.version - candidate.state.version)
-            self._add(island.ledger, candidate.peer, max(0.0, behind - lag - self.s.behind))
+            beyond = max(0.0, behind - lag - self.s.behind)
+            self._add(island.ledger, candidate.peer, beyond)
+        cap = 1.0 if beyond <= self.s.step else self.s.step / beyond
+        figures = {} if entry.record is None else {"record": round(entry.record, 3)}
+        if cap < 1:
+            figures["back"] = round(beyond, 3)
         if entry.record is None or entry.record <= self.s.slack:
-            return ADMIT if entry.record is None else Verdict(figures={"record": round(entry.record, 3)})
-        return Verdict(factor=self.s.slack / entry.record, figures={"record": round(entry.record, 3), "held": True})
+            return Verdict(cap=cap, figures=figures)
+        return Verdict(cap=cap, factor=self.s.slack / entry.record, figures={**figures, "held": True})
 
     def _add(self, ledger: PartnerLedger, peer: str, evidence: float) -> None:
         entry = ledger[peer]
