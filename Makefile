@@ -17,7 +17,7 @@ TORCH_IS_CUDA := $(PY) -c 'import sys, torch; sys.exit(0 if torch.version.cuda e
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,hf]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,hf,tokenize,tensorboard,wandb]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -38,7 +38,7 @@ if (_ROOT / "pyproject.toml").is_file() and not any(isinstance(f, _SourceTree) f
 
 _LAZY = {"join": "p2p_diloco.peers.api", "SwarmIsland": "p2p_diloco.peers.island",
          "DiLoCoConfig": "p2p_diloco.config", "NetworkConfig": "p2p_diloco.config",
-         "DiscoveryConfig": "p2p_diloco.config", "IslandConfig": "p2p_diloco.config"}
+         "DiscoveryConfig": "p2p_diloco.config", "IslandConfig": "p2p_diloco.config", "LogConfig": "p2p_diloco.tracking"}
 __all__ = ["__version__", *_LAZY]
 
 

@@ -51,6 +51,19 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
     "gpt2-1b": {"n_layer": 18, "n_head": 16, "n_embd": 2048, "block_size": 1024},
 }
 """Named shapes of the project's GPT (`p2p_diloco.core.model`)."""
+LLAMA_PRESETS: dict[str, dict[str, int]] = {
+    # ~0.1M parameters at bytes: tests
+    "llama-tiny": {"n_layer": 2, "n_head": 4, "n_embd": 64, "block_size": 128},
+    # ~10.7M parameters at bytes (the `small` GPT's shape)
+    "llama-small": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256},
+    # ~152M parameters at the GPT-2 vocabulary (50257), ~113M with bytes
+    "llama-150m": {"n_layer": 16, "n_head": 12, "n_embd": 768, "block_size": 1024},
+}
+"""Named shapes of a Llama (RoPE, RMSNorm, SwiGLU; `transformers.LlamaForCausalLM`, `p2p_diloco.core.hf`): tied
+embeddings, as many key/value heads as heads, an MLP of 8/3 x n_embd rounded up to a multiple of 64."""
+HF_CONTEXT = 1024
+"""A model from a Hugging Face config.json trains on sequences of at most this many tokens (its position
+limit if lower) unless `[model] block_size` says otherwise."""
 
 MAX_NAME_CHARS = 32
 """The longest island name (`IslandConfig.name`, the `name` of its discovery record)."""

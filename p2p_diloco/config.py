@@ -21,51 +21,14 @@ from typing import Any
 from p2p_diloco import addresses
 from p2p_diloco.choices import (  # noqa: F401 - importers take these from p2p_diloco.config too
     CODECS, COMPILES, DEVICE_RE, DEVICES_HELP, DHT_PORT_OFFSET, DISCOVERY_KINDS, EXCHANGES, MAX_FRAGMENTS, MAX_NAME_CHARS, MODEL_PRESETS,
+    LLAMA_PRESETS,
     MOMENTUM_MODES, PRECISIONS, PX_PORT_OFFSET, REACH_MODES, SHARDS, UPDATE_CODECS, WIRE_CODECS, valid_name
 )
-from p2p_diloco.errors import ConfigError
+from p2p_diloco.errors import ConfigError, require
+from p2p_diloco.model_config import ModelConfig  # noqa: F401 - importers take it from p2p_diloco.config too
 
 
-def _require(cond: bool, section: str, field: str, rule: str, value: Any) -> None:
-    if not cond:
-        raise ConfigError(f"{section}.{field} must be {rule}, got {value!r}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelConfig:
-    """The GPT's shape. `size` picks a named preset; explicit dimensions override it."""
-
-    size: str = "tiny"
-    """Named preset: `tiny` (~1M parameters, tests and CPU demos), `small` (~10-20M) or `gpt2-small` (GPT-2's
-    124M shape at its 50257-token vocabulary, ~86M with bytes). Parameter counts are at the byte vocabulary
-    unless stated: the embedding grows with the data's vocabulary (`--vocab-size`)."""
-    n_layer: int | None = None
-    """Transformer blocks (overrides the preset)."""
-    n_head: int | None = None
-    """Attention heads per block (overrides the preset)."""
-    n_embd: int | None = None
-    """Width of the residual stream (overrides the preset); must be divisible by n_head."""
-    block_size: int | None = None
-    """Context length in tokens, bytes for text data (overrides the preset)."""
-    dropout: float = 0.0
-    """Dropout probability in attention and MLP (0 for short runs)."""
-
-    def __post_init__(self) -> None:
-        _require(self.size in MODEL_PRESETS, "model", "size", f"one of {sorted(MODEL_PRESETS)}", self.size)
-        for name in ("n_layer", "n_head", "n_embd", "block_size"):
-            v = getattr(self, name)
-            _require(v is None or (isinstance(v, int) and v >= 1), "model", name, "a positive integer", v)
-        _require(0.0 <= self.dropout < 1.0, "model", "dropout", "in [0, 1)", self.dropout)
-        dims = self.resolved()
-        _require(dims["n_embd"] % dims["n_head"] == 0, "model", "n_embd", "divisible by n_head", dims["n_embd"])
-
-    def resolved(self) -> dict[str, int]:
-        """The preset with explicit overrides applied: n_layer, n_head, n_embd, block_size."""
-        dims = dict(MODEL_PRESETS[self.size])
-        for name in dims:
-            if getattr(self, name) is not None:
-                dims[name] = getattr(self, name)
-        return dims
+_require = require
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -333,6 +296,9 @@ class IslandConfig:
     """Stop after this many seconds of training."""
     resume: bool = False
     """Continue from the last checkpoint in `run_dir` (an error if there is none or it is corrupt)."""
+    fresh: bool = False
+    """Start afresh in a `run_dir` that holds an earlier run's checkpoints, moved aside into its
+    `previous-<time>/` (without it, or `resume`, such a directory is an error: `peers.state.rundir`)."""
     checkpoint_every: int = 10
     """Rounds between checkpoints (one is always written on exit)."""
     eval_every: int = 10
@@ -375,6 +341,7 @@ class IslandConfig:
                      "> 0" + (" or unset" if name.startswith("max_") else ""), v)
         _require(0 <= self.port <= 65535, s, "port", "in [0, 65535]", self.port)
         _require(self.reach in REACH_MODES, s, "reach", f"one of {REACH_MODES}", self.reach)
+        _require(not (self.resume and self.fresh), s, "fresh", "off with resume (continue the run or start afresh)", self.fresh)
         _require(self.name is None or valid_name(self.name), s, "name",
                  f"unset or 1-{MAX_NAME_CHARS} printable ASCII characters (no space at either end)", self.name)
         _require(0.0 <= self.same_version_wait <= 1.0 and 0.0 <= self.max_stretch <= 1.0, s,

@@ -20,6 +20,8 @@ from p2p_diloco.core.device import resolve_device
 from p2p_diloco.peers.torchrun.distributed import IntraIsland, RankFollower
 from p2p_diloco.errors import ConfigError
 from p2p_diloco.peers.island import SwarmIsland
+from p2p_diloco.peers.parts import IslandParts
+from p2p_diloco.tracking import LogConfig
 from p2p_diloco.peers.torchrun.sharding import gather_on_read, is_sharded, rank0_parts, shard_island
 
 
@@ -29,7 +31,8 @@ def join(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
          diloco: DiLoCoConfig | None = None, network: NetworkConfig | None = None,
          discovery: DiscoveryConfig | None = None, island: IslandConfig | None = None,
          eval_fn: Any = None, extra_state: Any = None, tokens_per_step: int = 1,
-         probe_fn: Any = None, full_model: torch.nn.Module | None = None) -> SwarmIsland | RankFollower:
+         probe_fn: Any = None, full_model: torch.nn.Module | None = None,
+         log: LogConfig | None = None) -> SwarmIsland | RankFollower:
     """An island around `model` and `optimizer`; use it as a context manager and call `step()` after
     each `optimizer.step()`.
 
@@ -47,6 +50,11 @@ def join(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
       `eval_fn`'s; with it, a partner's state is mixed only when its mix does not raise that loss
       (`peers.admission.probe`: it catches stuck, replayed and reversed training that distance bounds miss).
     - `tokens_per_step`: tokens of one inner step on this process when `step()` is not told.
+    - `log`: where each round's figures go besides `run_dir/metrics.jsonl` (`LogConfig(to=("tensorboard",
+      "wandb"))`; each tracker's package must be installed: `p2p_diloco.tracking`).
+    - A `run_dir` that holds an earlier run's checkpoints is resumed (`IslandConfig(resume=True)`) or
+      moved aside (`fresh=True`), never overwritten: without either it is a `ConfigError`
+      (`peers.state.rundir.RunDirError`), as `resume` is where there is no checkpoint.
     - Under torchrun, wrap the model in DDP, or shard it with `fully_shard` (FSDP2: the root module
       too) and build the optimizer after, as usual. A sharded island's rank 0 keeps a full-size copy
       of the weights for the swarm: `full_model` (same architecture, unsharded, given on rank 0)
@@ -69,7 +77,7 @@ def join(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
     whole, inner = rank0_parts(model, optimizer, full)
     out = SwarmIsland(whole, inner, scheduler, diloco=diloco, network=network, discovery=discovery, island=island,
                       eval_fn=eval_fn, extra_state=extra_state, tokens_per_step=tokens_per_step, group=group,
-                      probe_fn=probe_fn)
+                      probe_fn=probe_fn, parts=IslandParts(log=log or LogConfig()))
     if full is not None:
         gather_on_read(out.outer, group, full)
     return out

@@ -34,6 +34,7 @@ from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, IslandConfig, Netwo
 from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.modes import exchange_mode
 from p2p_diloco.core.params import fingerprint, weights_digest
+from p2p_diloco.core.spec import ModelSpec
 from p2p_diloco.discovery import open_membership
 from p2p_diloco.discovery.records import island_label
 from p2p_diloco.errors import CheckpointError
@@ -54,8 +55,11 @@ from p2p_diloco.peers.gossip.reach import Door, PushInbox, check_reach
 from p2p_diloco.peers.reports.figures import StepLosses, loss_of
 from p2p_diloco.peers.rounds.schedule import ANNOUNCE_EVERY_S, Rounds
 from p2p_diloco.peers.rounds.tally import Tally
-from p2p_diloco.peers.state.rundir import RunDirLock
+from p2p_diloco.peers.state.rundir import RunDirLock, prepare_run_dir
+from p2p_diloco.peers.reports.sinks import RunInfo
+from p2p_diloco.tracking import require_trackers
 from p2p_diloco.peers.parts import IslandParts
+from p2p_diloco.peers.state.modelfiles import keep_tokenizer
 from p2p_diloco.peers.state.source import DISCOVERY_SETTLE_S, STALE_LAG, CatchingUp, ModelExtras, StateSource, resume
 from p2p_diloco.peers.rounds.timebook import TimeBook
 
@@ -72,10 +76,13 @@ class SwarmIsland(IslandReports):
                  discovery: DiscoveryConfig | None = None, island: IslandConfig | None = None,
                  eval_fn: Any = None, extra_state: Any = None, tokens_per_step: int = 1,
                  group: IntraIsland | None = None, link: EmulatedLink | None = None, probe_fn: Any = None,
-                 stopped: Callable[[], bool] = lambda: False, parts: IslandParts | None = None) -> None:
+                 stopped: Callable[[], bool] = lambda: False, parts: IslandParts | None = None,
+                 model_spec: ModelSpec | None = None) -> None:
         """`link`: a WAN link to emulate for what this island sends (`bench member`, demos and tests);
         `stopped()`: asked to stop while the island waits for a bootstrap node, before `stop()` exists;
-        `parts`: how its parts are built and which checks partners' states get (`peers.parts`)."""
+        `parts`: how its parts are built and which checks partners' states get (`peers.parts`);
+        `model_spec`: what the model is, written into every checkpoint (`core.spec`: `export` and `generate`
+        rebuild the model from it), its tokenizer copied into the run directory (`peers.state.modelfiles`)."""
         from p2p_diloco.exchange.server import SnapshotServer
 
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
@@ -89,6 +96,12 @@ class SwarmIsland(IslandReports):
         self.inbox = PushInbox()
         discovery = discovery or DiscoveryConfig()
         self._run_dir = RunDirLock(self.cfg.run_dir)  # one island per run directory (`peers.state.rundir`)
+        try:  # an earlier run's checkpoints are resumed or moved aside, never overwritten; trackers installed
+            prepare_run_dir(self.cfg.run_dir, resume=self.cfg.resume, fresh=self.cfg.fresh)
+            require_trackers(parts.log.to)
+        except BaseException:
+            self._run_dir.release()
+            raise
         self.server = SnapshotServer(f"tcp://{discovery.host}:{self.cfg.port}", self.network, secret=discovery.secret,
                                      announce_host=discovery.announce_host, pushes=self.inbox, link=link)
         try:  # who can dial us decides how discovery runs (an outbound-only DHT node is a client)
@@ -105,6 +118,9 @@ class SwarmIsland(IslandReports):
             # the initial weights name the run
             self.identity = Identity(self.peer_id, island_label(self.cfg.name, self.peer_id), fingerprint(model),
                                      weights_digest(self.outer.state.phi))
+            self.model_spec = None if model_spec is None else keep_tokenizer(self.cfg.run_dir, model_spec)
+            sinks = parts.sinks(parts.log, RunInfo(self.cfg.run_dir, self.name, discovery.run_id, RunInfo.settings_of(
+                diloco=self.diloco, island=self.cfg, network=self.network)))  # (TensorBoard, W&B: `peers.reports.sinks`)
         except BaseException:
             self.membership.shutdown(), self.server.close(), self._run_dir.release()
             raise
@@ -133,7 +149,7 @@ class SwarmIsland(IslandReports):
                              network=self.network, membership=self.membership, gossip=self.gossip,
                              chooser=self.chooser, admission=self.admission, catching_up=self.catching_up, inbox=self.inbox, publisher=self.publisher,
                              tally=self.tally, alone=self.alone, stopped=lambda: self._stop_asked)
-        self.metrics = MetricsLog(self.cfg.run_dir)
+        self.metrics = MetricsLog(self.cfg.run_dir, sinks)
         (self.cfg.run_dir / "island.json").write_text(json.dumps({"peer_id": self.peer_id, "name": self.name,
                                                                   "endpoint": self.server.endpoint}))
         self.started_at, self._built = time.time(), time.monotonic()
@@ -349,12 +365,16 @@ class SwarmIsland(IslandReports):
         non-finite values."""
         tensors, meta = checkpoint.pack(self.outer, self._parts(), {"round": self.round, "peer_id": self.peer_id,
                                                                     "model": self.identity.model, "run": self.identity.run,
-                                                                    "own_tokens": self.own_tokens})
+                                                                    "own_tokens": self.own_tokens,
+                                                                    **self._spec_meta()})
         try:
             return checkpoint.save(self.cfg.run_dir / "checkpoints", tensors, meta)
         except CheckpointError as e:
             log.error("%s; the last good checkpoint stays", e)
             return None
+
+    def _spec_meta(self) -> dict[str, Any]:
+        return {} if self.model_spec is None else {"spec": self.model_spec.to_json()}
 
     def _evaluate(self) -> float | None:
         return None if self.eval_fn is None else float(self.eval_fn())

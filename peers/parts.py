@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING
 
 from p2p_diloco.admission import AdmissionConfig
 from p2p_diloco.peers.gossip.publishing import Publisher
+from p2p_diloco.peers.reports.sinks import SinkFactory
+from p2p_diloco.peers.reports.trackers import build_sinks
+from p2p_diloco.tracking import LogConfig
 
 if TYPE_CHECKING:
     from p2p_diloco.core.island import OuterLoop
@@ -35,3 +38,7 @@ class IslandParts:
     """The checks partners' states get, in order, and their settings (`peers.admission`)."""
     checks: Sequence[Check] = ()
     """More checks, after the configured ones: fault injection's watchers of what the island admits."""
+    log: LogConfig = field(default_factory=LogConfig)
+    """Where each round's figures go besides `metrics.jsonl` (`join --log-to`, the config file's `[log]`)."""
+    sinks: SinkFactory = build_sinks
+    """Builds the sinks those figures go to (`peers.reports.sinks`: TensorBoard, W&B)."""

@@ -74,6 +74,18 @@ def loss(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def lr(value: float | None) -> str:
+    """A learning rate, `3.00e-03` (`-`: not reported)."""
+    return "-" if value is None else f"{value:.2e}"
+
+
+def budget(done: float | None, eta_s: float | None) -> str:
+    """The share of an island's budget spent and the time left, `45% done, eta 4m10s` (`none`: no budget)."""
+    if done is None:
+        return "none"
+    return f"{100 * done:.0f}% done" + ("" if eta_s is None else f", eta {duration(eta_s)}")
+
+
 def share(value: float) -> str:
     """A share of time such as utilization ("0.973"; "-" for 0: none measured yet)."""
     return f"{value:.3f}" if value else "-"

@@ -102,7 +102,10 @@ class DetailScreen(Screen):
             ("island ", "dim"), (view.label, f"bold {color}"), (f" {r.peer_id}" if r.name else r.peer_id[len(view.label):], "dim"),
             "  ", (view.shown_state, STATE_STYLE.get(view.shown_state, "")),
             "\n", ("at ", "dim"), fmt.address_cell(r.endpoint, r.reach), ("   version ", "dim"), (f"v{r.version}", "bold"),
-            ("   behind ", "dim"), str(view.behind) if view.live else "-", ("   loss ", "dim"), fmt.loss(r.loss))
+            ("   behind ", "dim"), str(view.behind) if view.live else "-", ("   loss ", "dim"), fmt.loss(r.loss),
+            ("   lr ", "dim"), fmt.lr(r.lr), ("   elapsed ", "dim"),
+            fmt.duration(r.timestamp - r.started_at) if r.started_at else "-", ("   budget ", "dim"),
+            fmt.budget(r.budget, r.eta_s))
 
     @staticmethod
     def fields(state: SwarmState, view: IslandView) -> Table:

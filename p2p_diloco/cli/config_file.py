@@ -2,7 +2,8 @@
 
 Two kinds of table:
 
-- **Config sections** (`[model]`, `[train]`, `[diloco]`, `[network]`, `[discovery]`, `[island]`, and
+- **Config sections** (`[model]`, `[train]`, `[diloco]`, `[network]`, `[discovery]`, `[island]`, `[log]`
+  (`p2p_diloco.tracking`: `to`, `wandb_project`, the flags `--log-to`, `--wandb-project`), and
   `[admission]` with its settings sections `[admission.trust]`, ...: `p2p_diloco.admission`),
   named and keyed as the config dataclasses of `p2p_diloco.config` are: they configure `join`
   (and `bench member`). Every field can be set there, the ones with no flag too (the expert
@@ -25,17 +26,19 @@ import click
 from p2p_diloco import config as cfg
 from p2p_diloco.admission import AdmissionConfig
 from p2p_diloco.errors import ConfigError
+from p2p_diloco.tracking import LogConfig
 
 ADVANCED = "p2p_diloco.advanced"
 """`ctx.meta` key: the file's section fields that no option sets, applied by `join` (`apply_advanced`)."""
 SECTIONS = {"model": cfg.ModelConfig, "train": cfg.TrainConfig, "diloco": cfg.DiLoCoConfig,
             "network": cfg.NetworkConfig, "discovery": cfg.DiscoveryConfig, "island": cfg.IslandConfig,
-            "admission": AdmissionConfig}
+            "admission": AdmissionConfig, "log": LogConfig}
 """Config sections a file may set, by table name (the names the configs' own errors use)."""
 SECTION_COMMANDS = ("join", "bench.member")
 """The commands the config sections configure."""
 OPTION_OF = {("model", "size"): "model_size", ("island", "port"): "port", ("discovery", "host"): "host",
-             ("discovery", "announce_host"): "announce_host"}
+             ("discovery", "announce_host"): "announce_host", ("log", "to"): "log_to",
+             ("log", "wandb_project"): "wandb_project"}
 """Section fields whose `join` option has another name (or whose name another section's option takes)."""
 
 
@@ -52,7 +55,7 @@ def load_toml(path: str) -> dict[str, dict]:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from e
 
 
-LIST_AT_MOST = 15
+LIST_AT_MOST = 24
 """An unknown name with no close match lists the known ones when there are at most this many."""
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import click
@@ -23,6 +24,8 @@ from p2p_diloco.config import (
     DHT_PORT_OFFSET, PX_PORT_OFFSET, REACH_MODES, SHARDS, DiLoCoConfig, DiscoveryConfig, IslandConfig, NetworkConfig,
     TrainConfig
 )
+from p2p_diloco.errors import ConfigError
+from p2p_diloco.tracking import TRACKERS, LogConfig, parse_trackers, require_trackers
 
 I = IslandConfig
 JOIN_GROUPS = {
@@ -30,8 +33,8 @@ JOIN_GROUPS = {
                   "reach", "wait_for", "join_timeout"),
     "Model and data": ("model_size", "data", "vocab_size", "batch_size", "lr", "device", "precision", "shard"),
     "Training": ("local_steps", "momentum", "exchange", "update_codec", "max_tokens", "max_rounds", "max_seconds",
-                 "run_dir", "resume"),
-    "Output": ("name", "quiet", "as_json", "help"),
+                 "run_dir", "resume", "fresh"),
+    "Output": ("name", "quiet", "as_json", "log_to", "wandb_project", "help"),
 }
 """How `join --help` lists its options."""
 
@@ -54,6 +57,15 @@ def _config_file_only(f):
     return f
 
 
+def _trackers(_ctx, param, value) -> tuple[str, ...]:
+    """click callback of `--log-to`: a comma-separated list (a config file's list too) of `TRACKERS`."""
+    try:
+        return parse_trackers(value)
+    except ConfigError:
+        raise click.BadParameter(f"{value!r}: expected a comma-separated list of {', '.join(TRACKERS)}",
+                                 param=param) from None
+
+
 @click.command(cls=grouped(JOIN_GROUPS))
 @discovery_options()
 @model_options
@@ -69,6 +81,9 @@ def _config_file_only(f):
 @click.option("--max-rounds", type=int, default=I.max_rounds, help="Stop after this many rounds.")
 @click.option("--max-seconds", type=float, default=I.max_seconds, help="Stop after this many seconds of training.")
 @click.option("--resume", is_flag=True, default=I.resume, help="Continue from the last checkpoint in --run-dir.")
+@click.option("--fresh", is_flag=True, default=I.fresh,
+              help="Start afresh in a --run-dir that holds an earlier run's checkpoints: they move aside into "
+                   "RUN_DIR/previous-<time>/ (without --resume or --fresh such a directory is an error).")
 @click.option("--wait-for", type=click.IntRange(min=1), default=I.wait_for, show_default=True,
               help=f"Before the first round, wait (up to {I.join_timeout_s:g} s) until this many islands, this one "
                    "included, are in the run.")
@@ -91,6 +106,12 @@ def _config_file_only(f):
                    "ASCII characters; default: its peer id's first 8).")
 @click.option("--quiet", is_flag=True, default=I.quiet, help="No progress lines.")
 @click.option("--json", "as_json", is_flag=True, help="Print the island's summary as JSON at exit.")
+@click.option("--log-to", type=click.UNPROCESSED, default=LogConfig.to, metavar="TRACKERS", callback=_trackers,
+              help="Also send each round's figures to these trackers, comma-separated: tensorboard (event files in "
+                   "RUN_DIR/tensorboard), wandb (a W&B run, offline unless WANDB_MODE says otherwise). Each is an "
+                   "extra: pip install 'p2p-diloco[tensorboard,wandb]'.")
+@click.option("--wandb-project", default=LogConfig.wandb_project, show_default=True,
+              help="The W&B project of --log-to wandb (the run is named as the island).")
 @_config_file_only
 @retired_option("--slowdown", "fault injection lives in `p2p-diloco bench member --slowdown`", figures=False)
 @retired_option("--poison", "fault injection lives in `p2p-diloco bench member --poison`", figures=False)
@@ -108,13 +129,6 @@ def join(**kw) -> None:
 
 def run_join(kw: dict, **faults) -> None:
     """The body of `join` (and of `bench member`, which passes `faults` on to `run_island`)."""
-    import torch
-
-    from p2p_diloco.core.device import autocast, resolve_device
-    from p2p_diloco.peers.torchrun.distributed import exit_process
-    from p2p_diloco.peers.launch.process import run_island
-    from p2p_diloco.peers.parts import IslandParts
-
     with user_errors():
         # one swarm secret seals discovery records and keys the state exchange (docs/SECURITY.md)
         discovery = discovery_config(kw.pop("bootstrap"), kw.pop("run_id"), kw.pop("discovery"),
@@ -124,9 +138,17 @@ def run_join(kw: dict, **faults) -> None:
         model, train, diloco = build_configs(kw)
         island = IslandConfig(run_dir=Path(kw["run_dir"]), port=kw["port"], reach=kw["reach"], max_tokens=kw["max_tokens"],
                               max_rounds=kw["max_rounds"], max_seconds=kw["max_seconds"], resume=kw["resume"],
-                              name=kw["name"], quiet=kw["quiet"], wait_for=kw["wait_for"])
+                              fresh=kw["fresh"], name=kw["name"], quiet=kw["quiet"], wait_for=kw["wait_for"])
         c = apply_advanced({"island": island, "model": model, "train": train, "diloco": diloco,
                             "network": NetworkConfig(), "discovery": discovery})
+        log = LogConfig(to=kw["log_to"], wandb_project=kw["wandb_project"])
+        before_start(c["island"], log)
+        import torch  # (after the checks above, which fail at once)
+
+        from p2p_diloco.core.device import autocast, resolve_device
+        from p2p_diloco.peers.launch.process import run_island
+        from p2p_diloco.peers.parts import IslandParts
+
         port, dht_port, px_port = island_ports(c["island"].port, advanced_field("discovery", "port"))
         discovery = dataclasses.replace(c["discovery"], port=dht_port, px_port=px_port)
         train = c["train"]
@@ -136,12 +158,26 @@ def run_join(kw: dict, **faults) -> None:
         if advanced_field("train", "total_steps") is None:
             train = _schedule_length(train, c["model"].resolved()["block_size"], c["diloco"], c["island"])
         parts = dataclasses.replace(faults.pop("parts", IslandParts()),
-                                    admission=AdmissionConfig.from_table(advanced_section("admission")))
+                                    admission=AdmissionConfig.from_table(advanced_section("admission")), log=log)
         code, summary = run_island(c["island"], c["model"], train, c["diloco"], c["network"], discovery, data,
                                    vocab_size=vocab_size, parts=parts, **faults)
     if as_json and summary:  # ranks other than 0 of a torchrun island have no summary
         click.echo(json.dumps(summary))
+    from p2p_diloco.peers.torchrun.distributed import exit_process
+
     exit_process(code)
+
+
+def before_start(island: IslandConfig, log: LogConfig) -> None:
+    """What would fail the island at its start, said in one line (exit 2) before anything is built: a
+    tracker's package missing, a run directory that cannot be used, an earlier run's checkpoints
+    without --resume or --fresh, --resume with none (`peers.state.rundir`; rank 0's directory, the
+    only one a torchrun island writes)."""
+    from p2p_diloco.peers.state.rundir import check_run_dir
+
+    require_trackers(log.to)
+    if os.environ.get("RANK", "0") == "0":
+        check_run_dir(island.run_dir, resume=island.resume, fresh=island.fresh)
 
 
 def island_ports(port: int, dht_port: int | None = None) -> tuple[int, int, int]:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 import click
 
 from p2p_diloco.config import (
-    CODECS, DEVICE_RE, DEVICES_HELP, DISCOVERY_KINDS, EXCHANGES, MODEL_PRESETS, MOMENTUM_MODES, PRECISIONS,
+    CODECS, DEVICE_RE, DEVICES_HELP, DISCOVERY_KINDS, EXCHANGES, LLAMA_PRESETS, MODEL_PRESETS, MOMENTUM_MODES, PRECISIONS,
     UPDATE_CODECS, DiLoCoConfig, DiscoveryConfig, ModelConfig, NetworkConfig, TrainConfig
 )
 from p2p_diloco.errors import ConfigError, DataError, DeviceError, P2PDiLoCoError
@@ -101,17 +101,28 @@ def data_options(f: Callable) -> Callable:
     """`--data` and `--vocab-size`, alike on `join`, `demo` and `simulate`."""
     # --help lists the option applied last first: --vocab-size shows right after --data
     f = click.option("--vocab-size", type=click.IntRange(min=2), default=None,
-                     help="Vocabulary of token shards, e.g. 50257 for GPT-2's tokenizer (default: from the shard "
-                          "header; text is always bytes, 256).")(f)
+                     help="Vocabulary of token shards, e.g. 50257 for GPT-2's tokenizer (default: from the folder's "
+                          "dataset.json, written by `prepare`, or the shard header; text is always bytes, 256).")(f)
     return click.option("--data", type=click.Path(), default=None,
                         help="Text file or folder of text files, or .bin token shards (a file or a folder) "
                              "(default: this Python's standard-library sources).")(f)
 
 
+def model_choice(_ctx, param, value: str | None) -> str | None:
+    """`--model`: a preset's name or a path ending in .json (`ModelConfig.size`; the file is read there)."""
+    if value is None or value in MODEL_PRESETS or value in LLAMA_PRESETS or value.endswith(".json"):
+        return value
+    raise click.BadParameter(f"{value!r} is neither a preset ({', '.join([*MODEL_PRESETS, *LLAMA_PRESETS])}) nor "
+                             "a config.json", param=param)
+
+
 def model_options(f: Callable) -> Callable:
     """Options shared by every command that builds a model and reads data."""
-    f = click.option("--model", "model_size", type=click.Choice(sorted(MODEL_PRESETS)), default=M.size,
-                     show_default=True, help="Model preset.")(f)
+    f = click.option("--model", "model_size", callback=model_choice, default=M.size, show_default=True,
+                     metavar="PRESET|CONFIG.json",
+                     help=f"Model preset: the project's GPT ({', '.join(MODEL_PRESETS)}), a Llama "
+                          f"({', '.join(LLAMA_PRESETS)}; needs transformers), or a Hugging Face config.json of any "
+                          "causal LM (Llama, Qwen2, Mistral, GPT-2...), built from it: nothing is downloaded.")(f)
     f = data_options(f)
     f = click.option("--batch-size", type=int, default=T.batch_size, show_default=True, help="Sequences per inner step.")(f)
     f = click.option("--lr", type=float, default=T.lr, show_default=True, help="Peak inner AdamW learning rate.")(f)

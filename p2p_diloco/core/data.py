@@ -7,7 +7,8 @@ path falls in a fixed bucket, so the split does not depend on how many files the
 
 Text is read as bytes (vocabulary 256, no tokenizer). A `.bin` file, or a folder holding `.bin`
 files, is token data in the nanoGPT / llm.c convention (`p2p_diloco.core.shards`), memory-mapped,
-with the vocabulary from `--vocab-size` or the shards' header.
+with the vocabulary from `--vocab-size` or the shards' header; a folder `p2p-diloco prepare` wrote
+(`core.prepare`) names its vocabulary and splits in its `dataset.json` (`core.sidecar`).
 """
 
 from __future__ import annotations

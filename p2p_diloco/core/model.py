@@ -15,6 +15,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from p2p_diloco.config import ModelConfig
+from p2p_diloco.core.sampling import sample
+from p2p_diloco.core.spec import ModelSpec, model_spec
+
 VOCAB_SIZE = 256
 """The byte vocabulary, the default for text data."""
 
@@ -102,22 +106,24 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.view(-1, self.vocab_size), targets.reshape(-1))
         return logits, loss
 
-    @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.8, top_k: int | None = 40,
                  generator: torch.Generator | None = None) -> torch.Tensor:
-        """Sample `max_new_tokens` tokens after the prompt `idx` of shape (B, T)."""
-        for _ in range(max_new_tokens):
-            cond = idx[:, -self.block_size :]
-            logits, _ = self(cond)
-            logits = logits[:, -1, :] / max(temperature, 1e-5)  # (B, V)
-            if top_k is not None:
-                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                logits[logits < v[:, [-1]]] = -float("inf")
-            probs = F.softmax(logits, dim=-1)
-            idx = torch.cat([idx, torch.multinomial(probs, 1, generator=generator)], dim=1)
-        return idx
+        """Sample `max_new_tokens` tokens after the prompt `idx` of shape (B, T) (`core.sampling.sample`)."""
+        return sample(self, idx, max_new_tokens, temperature, top_k, generator)
 
 
-def build_model(cfg, vocab_size: int = VOCAB_SIZE) -> GPT:
-    """Build a GPT from a `ModelConfig` (preset plus explicit overrides) for the data's vocabulary."""
-    return GPT(**cfg.resolved(), dropout=cfg.dropout, vocab_size=vocab_size)
+def build_model(cfg: ModelConfig, vocab_size: int = VOCAB_SIZE) -> nn.Module:
+    """The model a `ModelConfig` names (a preset plus explicit overrides, or a config.json) for the data's
+    vocabulary: the project's GPT, or a transformers causal LM behind `core.hf.CausalLM`."""
+    return from_spec(model_spec(cfg, vocab_size))
+
+
+def from_spec(spec: ModelSpec) -> nn.Module:
+    """The model a `ModelSpec` describes (a checkpoint's, or `model_spec`'s), freshly initialised from torch's
+    current seed. A transformers model without transformers installed is a one-line `ConfigError`."""
+    if spec.family == "gpt":
+        assert spec.dims is not None
+        return GPT(**spec.dims, dropout=spec.dropout, vocab_size=spec.vocab_size)
+    from p2p_diloco.core.hf import build_hf
+
+    return build_hf(spec)

@@ -40,13 +40,13 @@ FINGERPRINT_CHARS = 20
 LABEL_ID_CHARS = 8
 """Characters of a peer id that stand for an island without a name (80-bit ids never collide in a
 swarm that size)."""
-OPTIONAL_FIELDS = ("name", "fetched_from", "fetched_bps", "utilization", "time_split")
+OPTIONAL_FIELDS = ("name", "fetched_from", "fetched_bps", "utilization", "time_split", "lr", "budget", "eta_s")
 """Fields a record may lack (records of islands older than the field): they take their default."""
 
 _INT_FIELDS = ("version", "tokens", "bytes_sent", "bytes_received", "refused")
 _FLOAT_FIELDS = ("tokens_per_s", "upload_bps", "download_bps", "fetched_bps", "started_at", "published_at",
                  "timestamp", "utilization")
-_OPTIONAL_FLOAT_FIELDS = ("loss", "eval_loss")
+_OPTIONAL_FLOAT_FIELDS = ("loss", "eval_loss", "lr", "budget", "eta_s")
 
 
 def fingerprint(public_key: bytes) -> str:
@@ -136,6 +136,14 @@ class IslandRecord:
     """Where that wall time went, share by share (`peers.rounds.timebook.TimeBook.split`: "inner 0.97 end
     0.01 ..."). Optional."""
 
+    lr: float | None = None
+    """The inner optimizer's learning rate now (None: unknown). Optional."""
+    budget: float | None = None
+    """Share of the island's budget (`IslandConfig.max_rounds`, `max_tokens`, `max_seconds`) spent, in
+    [0, 1] (None: it has none). Optional."""
+    eta_s: float | None = None
+    """Seconds until that budget is spent at the pace so far (None: no budget, or nothing spent yet). Optional."""
+
     reach: str = "direct"
     """One of `REACHES`: `outbound` when others cannot dial `endpoint` (they must not try to fetch from it)."""
     name: str = ""
@@ -157,8 +165,8 @@ class IslandRecord:
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise _bad(name, "a finite number" + (" or None" if name in _OPTIONAL_FLOAT_FIELDS else ""), v)
-            if name in _FLOAT_FIELDS and v < 0:
-                raise _bad(name, ">= 0", v)
+            if (name in _FLOAT_FIELDS or name in ("lr", "budget", "eta_s")) and v < 0 or (name == "budget" and v > 1):
+                raise _bad(name, "in [0, 1]" if name == "budget" else ">= 0", v)
             object.__setattr__(self, name, float(v))  # ints become floats: what travels is strict (from_dict)
         if self.state not in STATES:
             raise _bad("state", f"one of {STATES}", self.state)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -23,7 +24,10 @@ from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, IslandConfig, Model
 from p2p_diloco.core.data import BatchSampler, eval_batches, load_corpus
 from p2p_diloco.core.device import peak_memory_bytes, resolve_device
 from p2p_diloco.core.inner import evaluate
-from p2p_diloco.core.model import build_model
+from p2p_diloco.core.model import from_spec
+from p2p_diloco.core.shards import TokenSource
+from p2p_diloco.core.sidecar import read_sidecar
+from p2p_diloco.core.spec import ModelSpec, model_spec
 from p2p_diloco.errors import JoinStopped
 from p2p_diloco.exchange.linkemu import EmulatedLink
 from p2p_diloco.peers.torchrun.distributed import IntraIsland, RankFollower, launched_world
@@ -77,6 +81,14 @@ class _StopFlag:
         return 0 if self.signum is None else 128 + self.signum
 
 
+def _spec(model_cfg: ModelConfig, vocab_size: int, shards: str | None) -> ModelSpec:
+    """What the island trains, as its checkpoints describe it: with the tokenizer and end-of-document id the
+    token shards' `dataset.json` names (`core.sidecar`), if any."""
+    sidecar = read_sidecar(Path(shards)) if shards is not None else None
+    return model_spec(model_cfg, vocab_size, tokenizer=sidecar.tokenizer if sidecar else None,
+                      eos_id=sidecar.eos_id if sidecar else None)
+
+
 def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig, diloco: DiLoCoConfig,
                network: NetworkConfig, discovery: DiscoveryConfig, data: str | None = None,
                vocab_size: int | None = None, trainer_type: Callable[..., Trainer] = Trainer,
@@ -97,13 +109,14 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
     island = None
     try:
         corpus = load_corpus(data, vocab_size)
-        block = model_cfg.resolved()["block_size"]
+        spec = _spec(model_cfg, corpus.vocab_size, data if isinstance(corpus.train, TokenSource) else None)
+        block = spec.block_size
         torch.manual_seed(train_cfg.seed)  # every island starts from the same weights
-        model = build_model(model_cfg, corpus.vocab_size).to(device)
+        model = from_spec(spec).to(device)
         full = None  # a sharded island's rank 0: the full-size copy the swarm sees (`peers.torchrun.sharding`)
         if group is not None:
             model = strategy.wrap(model, group)
-            full = strategy.full_copy(group, model, lambda: build_model(model_cfg, corpus.vocab_size).to(device))
+            full = strategy.full_copy(group, model, lambda: from_spec(spec).to(device))
         trainer = trainer_type(model, train_cfg)
         if group is not None and group.rank > 0:
             island = RankFollower(model, group)
@@ -116,7 +129,7 @@ def run_island(cfg: IslandConfig, model_cfg: ModelConfig, train_cfg: TrainConfig
                                  island=cfg, eval_fn=lambda: evaluate(whole, evals, train_cfg.precision),
                                  probe_fn=None if group is not None else lambda: evaluate(model, probes, train_cfg.precision),
                                  extra_state=trainer, group=group, link=link, stopped=lambda: stop.signum is not None,
-                                 parts=parts)
+                                 parts=parts, model_spec=spec)
             gather_on_read(island.outer, group, full)
             seed = int.from_bytes(hashlib.sha256(island.peer_id.encode()).digest()[:4], "little")
             seed = seed if group is None else group.share(seed)

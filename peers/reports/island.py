@@ -12,12 +12,14 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from p2p_diloco.discovery.records import IslandRecord
 from p2p_diloco.peers.reports.metrics import progress_line
 from p2p_diloco.peers.reports.figures import Figures
 
 if TYPE_CHECKING:
-    from p2p_diloco.config import IslandConfig
+    from p2p_diloco.config import DiLoCoConfig, IslandConfig
     from p2p_diloco.core.island import OuterLoop
     from p2p_diloco.exchange.server import SnapshotServer
     from p2p_diloco.peers.rounds.alone import AloneWatch
@@ -38,6 +40,8 @@ class IslandReports:
     peer_id: str
     identity: Identity
     cfg: IslandConfig
+    diloco: DiLoCoConfig
+    optimizer: torch.optim.Optimizer
     outer: OuterLoop
     server: SnapshotServer
     gossip: GossipWorker
@@ -112,6 +116,7 @@ class IslandReports:
         sent = self.bytes_out
         up, down = self.link_rates.update(time.monotonic(), sent, self.tally.bytes_in)
         fetched_from, fetched_bps = self.rounds.choice.measured_last
+        budget, eta_s = self.budget_done()
         return IslandRecord(peer_id=self.peer_id, endpoint=self.server.endpoint, version=s.version, tokens=s.tokens,
                             tokens_per_s=tokens_per_s, loss=self.last_loss, eval_loss=self.eval_loss,
                             state=self.state, upload_bps=up, download_bps=down, bytes_sent=sent,
@@ -121,7 +126,8 @@ class IslandReports:
                             fetched_from=fetched_from, fetched_bps=fetched_bps,
                             started_at=self.started_at, published_at=self.publisher.published_at,
                             timestamp=time.time(), model=self.identity.model, reach=self.reach.mode,
-                            name=self.cfg.name or "", utilization=self.utilization(), time_split=self.timebook.split())
+                            name=self.cfg.name or "", utilization=self.utilization(), time_split=self.timebook.split(),
+                            lr=self.lr, budget=budget, eta_s=eta_s)
 
     @property
     def inner_seconds(self) -> float:
@@ -133,9 +139,29 @@ class IslandReports:
         in the user's inner steps (`peers.rounds.timebook`)."""
         return self.timebook.utilization()
 
+    @property
+    def lr(self) -> float | None:
+        """The inner optimizer's learning rate now (its first parameter group's; None if it has none)."""
+        lr = self.optimizer.param_groups[0].get("lr") if self.optimizer.param_groups else None
+        return float(lr) if isinstance(lr, (int, float, torch.Tensor)) and math.isfinite(float(lr)) else None
+
+    def budget_done(self) -> tuple[float | None, float | None]:
+        """(share of the island's budget spent, seconds left at this pace): the largest share of its
+        rounds, tokens and seconds (`IslandConfig.max_*`); (None, None) without a budget."""
+        c, elapsed = self.cfg, 0.0 if self._t0 is None else time.monotonic() - self._t0
+        shares = [done / limit for done, limit in ((self.round, c.max_rounds), (self.own_tokens, c.max_tokens),
+                                                   (elapsed, c.max_seconds)) if limit]
+        if not shares:
+            return None, None
+        done = min(1.0, max(shares))
+        return round(done, 4), (round(elapsed * (1 - done) / done, 1) if done > 0 else None)
+
     def _log_round(self, info: dict, steps: int, compute_s: float) -> None:
         """One metrics row and progress line per round: its figures, where its time went (`spent`, the
-        training thread's, by part; `publish_s`, the publishing thread's, overlapped) and its exchange's."""
+        training thread's, by part; `publish_s`, the publishing thread's, overlapped), its exchange's,
+        the counts so far, the learning rates (`lr`, the inner optimizer's now; `outer_lr`) and the
+        budget's share spent (`budget`, `eta_s`: `budget_done`); the sinks get it too (`MetricsLog`)."""
+        budget, eta_s = self.budget_done()
         row = {"round": self.round, "version": self.version, "tokens": self.outer.state.tokens,
                "own_tokens": self.own_tokens, "steps": steps, "loss": self.last_loss,
                "eval_loss": self.eval_loss if self.round % self.cfg.eval_every == 0 else None,
@@ -143,7 +169,11 @@ class IslandReports:
                "weight": None, "staleness": None, "inner_s": round(compute_s, 3),
                "wall_s": round(time.monotonic() - self._t0, 3), "utilization": self.utilization(),
                "spent": self.timebook.end_round(), "publish_s": round(self.publisher.background_s, 3),
-               "coalesced": self.publisher.coalesced, **info}
+               "coalesced": self.publisher.coalesced, "lr": self.lr, "outer_lr": self.diloco.outer_lr,
+               "mixes": self.tally.mixes, "refused": self.admission.refused, "budget": budget, "eta_s": eta_s, **info}
+        label = self.rounds.label(row.get("partner"))
+        if row.get("partner"):
+            row["partner_name"] = label
         self.metrics.write(row)
         if not self.cfg.quiet:
-            progress_line(self.name, row, self.rounds.label(row.get("partner")))
+            progress_line(self.name, row, label)

@@ -3,7 +3,9 @@
 A checkpoint is a folder `ckpt-<version>-<round>/` holding `state.safetensors` (anchor `phi`,
 outer momentum `m`, and every tensor of the inner optimizer's, the scheduler's, the model buffers'
 and the caller's own state dicts) and `meta.json` (version, tokens, round, the model fingerprint,
-those state dicts' other values, and the sha256 of the tensor file). Any optimizer works: its
+those state dicts' other values, the sha256 of the tensor file, and, from `join`, the model's `spec`:
+what rebuilds it, `core.spec`, read by `export` and `generate`, absent from older checkpoints, which
+resume all the same). Any optimizer works: its
 `state_dict()` is stored as it is, not assumed to be AdamW's.
 It is written to a temporary folder, fsynced, and renamed into place; `latest` names the newest
 one, replaced the same way. A checkpoint that fails its checksum or cannot be parsed raises
@@ -160,6 +162,13 @@ def _unflatten(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
             return tuple(_unflatten(v, tensors) for v in obj["__tuple__"])
         return {k: _unflatten(v, tensors) for k, v in obj["__dict__"]}
     return obj
+
+
+def part_state(ck: CheckpointData, name: str) -> Any:
+    """The state dict a checkpoint holds of one part (`pack`'s `parts`: "model" for the model's buffers and
+    frozen parameters), None when it holds none."""
+    states = ck.meta.get("states") or {}
+    return _unflatten(states[name], ck.tensors) if name in states else None
 
 
 def pack(outer, parts: dict[str, Any], meta: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

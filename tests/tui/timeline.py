@@ -32,12 +32,15 @@ def record(name: str, t: float, *, version: int, state: str = "training", starte
     tokens = version * 4096
     loss = 2.0 + 3.5 * math.exp(-version / 25.0) + 0.02 * "abcde".index(name)
     partner = "abcde"[("abcde".index(name) + 1 + version % 3) % 4]
+    started_at = T0 - 120.0 if name == "a" else (T0 - 60.0 if started is None else started)
+    budget = min(1.0, tokens / 2_000_000)  # a budget of 2M tokens
     return IslandRecord(
         peer_id=IDS[name], endpoint=f"tcp://127.0.0.1:{PORTS[name]}", version=version, tokens=tokens,
         tokens_per_s=SPEED[name], loss=loss, eval_loss=loss + 0.05 if version >= 10 else None, state=state,
         upload_bps=1.5e6 + 1e4 * version, download_bps=2.5e6 + 2e4 * version,
         bytes_sent=version * 3_000_000, bytes_received=version * 3_100_000, last_partner=IDS[partner],
-        started_at=T0 - 120.0 if name == "a" else (T0 - 60.0 if started is None else started), timestamp=t,
+        started_at=started_at, timestamp=t, lr=3e-3 * 0.99 ** version, budget=budget,
+        eta_s=(t - started_at) * (1 - budget) / budget if budget else None,
         reach="outbound" if name == "e" else "direct", name=NAMES.get(name, ""))
 
 

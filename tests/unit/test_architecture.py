@@ -160,7 +160,7 @@ def test_core_imports_only_the_settings_and_errors_from_the_project():
 
 
 BOTTOM = ("p2p_diloco", "p2p_diloco.errors", "p2p_diloco.config", "p2p_diloco.admission", "p2p_diloco.choices",
-          "p2p_diloco.addresses", "p2p_diloco.terminal")
+          "p2p_diloco.addresses", "p2p_diloco.terminal", "p2p_diloco.model_config", "p2p_diloco.tracking")
 MIDDLE = {
     "p2p_diloco.sim": ("p2p_diloco.sim", "p2p_diloco.core", "p2p_diloco.exchange.cost"),
     "p2p_diloco.tui": ("p2p_diloco.tui", "p2p_diloco.discovery"),

@@ -39,7 +39,8 @@ def test_record_round_trips_through_dict_json_and_msgpack():
     assert set(r.to_dict()) == {"peer_id", "endpoint", "version", "tokens", "tokens_per_s", "loss", "eval_loss", "state",
                                 "upload_bps", "download_bps", "bytes_sent", "bytes_received", "last_partner",
                                 "started_at", "published_at", "timestamp", "model", "refused", "last_refused", "alone", "fetches",
-                                "reach", "name", "fetched_from", "fetched_bps", "utilization", "time_split"}
+                                "reach", "name", "fetched_from", "fetched_bps", "utilization", "time_split", "lr", "budget",
+                                "eta_s"}
     older = {k: v for k, v in r.to_dict().items() if k not in ("fetched_from", "fetched_bps", "utilization", "time_split")}
     assert IslandRecord.from_dict(older) == r.replace(fetched_from=None, fetched_bps=0.0, utilization=0.0,
                                                       time_split="")  # an older island's record
