@@ -20,7 +20,6 @@ evaluates, logs and checkpoints; where every second goes is booked (`peers.round
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import random
@@ -35,11 +34,8 @@ from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.modes import exchange_mode
 from p2p_diloco.core.params import fingerprint, weights_digest
 from p2p_diloco.core.spec import ModelSpec
-from p2p_diloco.discovery import open_membership
 from p2p_diloco.discovery.records import island_label
-from p2p_diloco.errors import CheckpointError
 from p2p_diloco.exchange.linkemu import EmulatedLink
-from p2p_diloco.peers.state import checkpoint
 from p2p_diloco.peers.rounds.alone import AloneWatch
 from p2p_diloco.peers.torchrun.distributed import CARRY_ON, NEW_ROUND, STOP, SYNC, IntraIsland
 from p2p_diloco.peers.rounds.divergence import DivergenceGuard
@@ -51,16 +47,15 @@ from p2p_diloco.peers.gossip.partners import PartnerChooser
 from p2p_diloco.peers.admission.admission import Admission
 from p2p_diloco.peers.gossip.measure import measure
 from p2p_diloco.peers.admission.registry import build_checks
-from p2p_diloco.peers.gossip.reach import Door, PushInbox, check_reach
+from p2p_diloco.peers.gossip.reach import Door, PushInbox
 from p2p_diloco.peers.reports.figures import StepLosses, loss_of
 from p2p_diloco.peers.rounds.schedule import ANNOUNCE_EVERY_S, Rounds
 from p2p_diloco.peers.rounds.tally import Tally
-from p2p_diloco.peers.state.rundir import RunDirLock, prepare_run_dir
 from p2p_diloco.peers.reports.sinks import RunInfo
-from p2p_diloco.tracking import require_trackers
+from p2p_diloco.peers.opening import open_island
 from p2p_diloco.peers.parts import IslandParts
-from p2p_diloco.peers.state.modelfiles import keep_tokenizer
-from p2p_diloco.peers.state.source import DISCOVERY_SETTLE_S, STALE_LAG, CatchingUp, ModelExtras, StateSource, resume
+from p2p_diloco.peers.state.saving import IslandSaver
+from p2p_diloco.peers.state.source import DISCOVERY_SETTLE_S, STALE_LAG, CatchingUp, StateSource
 from p2p_diloco.peers.rounds.timebook import TimeBook
 
 log = logging.getLogger(__name__)
@@ -83,46 +78,32 @@ class SwarmIsland(IslandReports):
         `parts`: how its parts are built and which checks partners' states get (`peers.parts`);
         `model_spec`: what the model is, written into every checkpoint (`core.spec`: `export` and `generate`
         rebuild the model from it), its tokenizer copied into the run directory (`peers.state.modelfiles`)."""
-        from p2p_diloco.exchange.server import SnapshotServer
-
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.diloco, self.network = diloco or DiLoCoConfig(), network or NetworkConfig()
         self.exchange = exchange_mode(self.diloco.exchange, self.diloco.update_codec, self.diloco.fragments)
         self.cfg = island or IslandConfig()
         parts = parts or IslandParts()
-        self.eval_fn, self.extra_state, self.group = eval_fn, extra_state, group
+        self.eval_fn, self.group = eval_fn, group
         self.world = 1 if group is None else group.world
         self.tokens_per_step = tokens_per_step
         self.inbox = PushInbox()
-        discovery = discovery or DiscoveryConfig()
-        self._run_dir = RunDirLock(self.cfg.run_dir)  # one island per run directory (`peers.state.rundir`)
-        try:  # an earlier run's checkpoints are resumed or moved aside, never overwritten; trackers installed
-            prepare_run_dir(self.cfg.run_dir, resume=self.cfg.resume, fresh=self.cfg.fresh)
-            require_trackers(parts.log.to)
-        except BaseException:
-            self._run_dir.release()
-            raise
-        self.server = SnapshotServer(f"tcp://{discovery.host}:{self.cfg.port}", self.network, secret=discovery.secret,
-                                     announce_host=discovery.announce_host, pushes=self.inbox, link=link)
-        try:  # who can dial us decides how discovery runs (an outbound-only DHT node is a client)
-            self.reach = check_reach(self.cfg, discovery, self.server.endpoint)
-            if self.reach.mode == "outbound":
-                discovery = dataclasses.replace(discovery, outbound_only=True)
-            self.membership = open_membership(discovery, budget_s=self.cfg.max_seconds, stopped=stopped)
-        except BaseException:
-            self.server.close(), self._run_dir.release()
-            raise
+        opened = open_island(self.cfg, discovery or DiscoveryConfig(), self.network, parts.log, self.inbox, link,
+                             stopped)  # (`peers.opening`)
+        self._run_dir, self.server, self.reach, self.membership = (opened.run_dir, opened.server, opened.reach,
+                                                                   opened.membership)
+        discovery = opened.discovery
         try:
             self.peer_id = self.membership.peer_id
             self.outer = OuterLoop(self.peer_id, model, self.diloco, parts.admission.bounds)
             # the initial weights name the run
             self.identity = Identity(self.peer_id, island_label(self.cfg.name, self.peer_id), fingerprint(model),
                                      weights_digest(self.outer.state.phi))
-            self.model_spec = None if model_spec is None else keep_tokenizer(self.cfg.run_dir, model_spec)
+            self.saver = IslandSaver(self.cfg.run_dir, self.outer, self.identity, model, optimizer, scheduler,
+                                     extra_state, model_spec)
             sinks = parts.sinks(parts.log, RunInfo(self.cfg.run_dir, self.name, discovery.run_id, RunInfo.settings_of(
                 diloco=self.diloco, island=self.cfg, network=self.network)))  # (TensorBoard, W&B: `peers.reports.sinks`)
         except BaseException:
-            self.membership.shutdown(), self.server.close(), self._run_dir.release()
+            opened.close()
             raise
         self.publisher = parts.publisher(self.server, self.outer, self.exchange, self.identity)
         self.source = StateSource(self.identity, self.outer, self.membership, self.network, discovery.secret,
@@ -190,8 +171,7 @@ class SwarmIsland(IslandReports):
             return self
         try:
             if self.cfg.resume:
-                meta = resume(self.cfg.run_dir / "checkpoints", self.outer, self._parts(), self.identity)
-                self.round, self.own_tokens = int(meta["round"]), int(meta.get("own_tokens", 0))
+                self.round, self.own_tokens = self.saver.resume()
             self._join_from_freshest(lead=STALE_LAG if self.cfg.resume else 1)
             self._tell_ranks(SYNC)  # the other ranks start from the state this one joined or resumed with
             self.initial_loss = self.eval_loss = self._evaluate()
@@ -355,26 +335,9 @@ class SwarmIsland(IslandReports):
             summary_line(self._summary)
 
     # -- state -----------------------------------------------------------------------------------
-    def _parts(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer, "scheduler": self.scheduler, "model": ModelExtras(self.model),
-                "extra": self.extra_state}
-
     def save_checkpoint(self) -> Path | None:
-        """Write the whole island (outer state, inner optimizer, scheduler, buffers, extra state)
-        atomically; None (and an error logged, the last good checkpoint kept) when it would hold
-        non-finite values."""
-        tensors, meta = checkpoint.pack(self.outer, self._parts(), {"round": self.round, "peer_id": self.peer_id,
-                                                                    "model": self.identity.model, "run": self.identity.run,
-                                                                    "own_tokens": self.own_tokens,
-                                                                    **self._spec_meta()})
-        try:
-            return checkpoint.save(self.cfg.run_dir / "checkpoints", tensors, meta)
-        except CheckpointError as e:
-            log.error("%s; the last good checkpoint stays", e)
-            return None
-
-    def _spec_meta(self) -> dict[str, Any]:
-        return {} if self.model_spec is None else {"spec": self.model_spec.to_json()}
+        """Write the whole island (`peers.state.saving`); None when it would hold non-finite values."""
+        return self.saver.save(self.round, self.own_tokens)
 
     def _evaluate(self) -> float | None:
         return None if self.eval_fn is None else float(self.eval_fn())

@@ -25,7 +25,7 @@ from p2p_diloco.core.spec import ModelSpec
 from p2p_diloco.errors import ConfigError
 from p2p_diloco.peers.state import checkpoint
 from p2p_diloco.peers.state.modelfiles import spec_of, tokenizer_file
-from p2p_diloco.peers.state.source import ModelExtras
+from p2p_diloco.peers.state.saving import ModelExtras
 
 log = logging.getLogger(__name__)
 HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",

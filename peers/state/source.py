@@ -3,7 +3,7 @@
 A joiner never starts from the initial weights in a running swarm: it downloads the states of
 the freshest members (up to three) and adopts the one that agrees best with the others. `--resume` continues from the
 last checkpoint in the run folder instead, with everything the island had: outer state, inner
-optimizer, scheduler, model buffers and the caller's own state (`SwarmIsland.save_checkpoint`).
+optimizer, scheduler, model buffers and the caller's own state (`peers.state.saving`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -24,9 +23,8 @@ from p2p_diloco.core.island import OuterLoop
 from p2p_diloco.core.outer import PartnerState
 from p2p_diloco.discovery.membership import Membership
 from p2p_diloco.discovery.records import IslandRecord
-from p2p_diloco.errors import CheckpointError, TransportError
+from p2p_diloco.errors import TransportError
 from p2p_diloco.exchange.client import Fetcher
-from p2p_diloco.peers.state import checkpoint
 from p2p_diloco.peers.gossip.worker import partner_state, route
 from p2p_diloco.peers.identity import Identity
 from p2p_diloco.peers.gossip.measure import distance, norm
@@ -42,37 +40,6 @@ STALE_LAG = 3
 DISCOVERY_SETTLE_S = 5.0
 """How long a joiner lets discovery show who is there (a second island at least) before it looks
 for the freshest member."""
-
-
-class ModelExtras:
-    """The model's state that never travels: buffers and frozen parameters (checkpointed, not averaged)."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-        self._trainable = {name for name, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v for k, v in self.model.state_dict().items() if k not in self._trainable}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        expected = set(self.state_dict())
-        if set(state) != expected:
-            raise CheckpointError(f"the model's buffers differ from the checkpoint's: "
-                                  f"{sorted(set(state) ^ expected)[:4]}")
-        self.model.load_state_dict(state, strict=False)
-
-
-def resume(folder: Path, outer: OuterLoop, parts: dict[str, Any], identity: Identity) -> dict[str, Any]:
-    """Continue from the last checkpoint in `folder`: the outer state and every part come back, and
-    `identity.run` becomes the checkpoint's run. Returns the checkpoint's meta (`CheckpointError`
-    if there is none, it is damaged, or it belongs to another model)."""
-    path = checkpoint.latest(folder)
-    if path is None:
-        raise CheckpointError(f"--resume given but {folder} holds no checkpoint")
-    meta = checkpoint.restore(outer, parts, checkpoint.load(path), path, identity.model)
-    identity.run = str(meta.get("run", identity.run))
-    log.info("resumed from %s at version %d, round %d", path.name, outer.state.version, int(meta["round"]))
-    return meta
 
 
 @dataclass(frozen=True)

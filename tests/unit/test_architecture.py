@@ -129,7 +129,7 @@ def test_the_graph_sees_every_package_and_import():
     assert {"p2p_diloco.core.island", "p2p_diloco.peers.launch.runner", "p2p_diloco.tui.app", "p2p_diloco.bootstrap.node",
             "p2p_diloco.discovery", "p2p_diloco.cli"} <= set(g)
     assert "p2p_diloco.core.outer" in g["p2p_diloco.core.island"]
-    assert "p2p_diloco.peers.state.checkpoint" in g["p2p_diloco.peers.island"]  # `from p2p_diloco.peers.state import checkpoint`
+    assert "p2p_diloco.peers.state.checkpoint" in g["p2p_diloco.peers.state.saving"]  # `from p2p_diloco.peers.state import checkpoint`
     assert "p2p_diloco.peers.launch.process" in g["p2p_diloco.cli.join"]  # a lazy import inside a function counts
 
 
@@ -181,11 +181,11 @@ def test_the_middle_layer_uses_what_docs_design_says():
 
 
 PEERS = [{"identity", "torchrun"}, {"gossip"}, {"admission"}, {"state"}, {"rounds"}, {"reports"},
-         {"parts", "island", "api"}, {"launch"}]
+         {"parts", "opening", "island", "api"}, {"launch"}]
 """The folders (and root modules) of `peers`, by concern, each using only its own and those before it
 (docs/DESIGN.md, "Architecture"): the partner's state travels (gossip), is admitted (admission), the
 island's own state is kept (state), its rounds run (rounds) and are reported (reports); the facade
-(island, api, parts) builds them, and launch runs it as the CLI's process."""
+(island, api, parts, opening) builds them, and launch runs it as the CLI's process."""
 PEERS_ROOT_FILES = 6
 
 

@@ -25,7 +25,7 @@ from p2p_diloco.core.params import fingerprint
 from p2p_diloco.core.spec import ModelSpec, model_spec
 from p2p_diloco.peers.state import checkpoint
 from p2p_diloco.peers.state.modelfiles import TOKENIZER_NAME, keep_tokenizer
-from p2p_diloco.peers.state.source import ModelExtras
+from p2p_diloco.peers.state.saving import ModelExtras
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
