@@ -15,13 +15,15 @@ fit), the last `val_fraction` of the train tokens (at least `MIN_VAL_TOKENS`, or
 smaller text) are moved to `val_000.bin`.
 
 An output folder that already holds shards, a sidecar or a tokenizer is refused unless `force`;
-then those files (and only those) are removed once the input and the tokenizer are known to be
-good. A run that fails removes the files it wrote.
+the new files are written into a staging folder inside it and replace those (and only those) once
+all of them are written. A run that fails leaves the folder as it was.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -36,7 +38,7 @@ from p2p_diloco.core.shards import (
 from p2p_diloco.core.sidecar import SIDECAR_NAME, DataSidecar, write_sidecar
 from p2p_diloco.core.textsource import Piece, TextInput, TextStream, open_text
 from p2p_diloco.core.tokenizer import (
-    TOKENIZER_FILE, HFTokenizer, TextTokenizer, TokenizerSpec, load_tokenizer, train_tokenizer
+    TOKENIZER_FILE, TextTokenizer, TokenizerSpec, load_tokenizer, train_tokenizer
 )
 from p2p_diloco.errors import ConfigError, DataError
 
@@ -154,9 +156,10 @@ def _batches(pieces: Iterable[Piece]) -> Iterator[list[Piece]]:
 class _SplitWriter:
     """One split's shards, `PREFIX_000.bin`, ..., a new one every `shard_tokens` tokens."""
 
-    def __init__(self, out_dir: Path, prefix: str, vocab_size: int, shard_tokens: int, created: list[Path]) -> None:
+    def __init__(self, out_dir: Path, prefix: str, vocab_size: int, shard_tokens: int) -> None:
         self.out_dir, self.prefix, self.vocab, self.shard_tokens = out_dir, prefix, vocab_size, shard_tokens
-        self.created, self.files, self.counts = created, [], []
+        self.files: list[str] = []
+        self.counts: list[int] = []
         self.writer: ShardWriter | None = None
         self.total = 0
 
@@ -164,7 +167,6 @@ class _SplitWriter:
         while ids.size:
             if self.writer is None:
                 path = self.out_dir / f"{self.prefix}_{len(self.files):03d}{SHARD_SUFFIX}"
-                self.created.append(path)
                 self.writer = ShardWriter(path, self.vocab)
             room = self.shard_tokens - self.writer.count
             self.writer.write(ids[:room])
@@ -194,13 +196,13 @@ def _hold_out_tail(train: _SplitWriter, val: _SplitWriter, fraction: float) -> N
     tokens, _ = open_shard(last)
     tail = np.array(tokens[n - k:])
     del tokens
-    val.created.append(val.out_dir / f"{val.prefix}_000{SHARD_SUFFIX}")
-    write_shard(val.created[-1], tail, val.vocab)
+    held_out = val.out_dir / f"{val.prefix}_000{SHARD_SUFFIX}"
+    write_shard(held_out, tail, val.vocab)
     with open(last, "r+b") as f:
         f.write(shard_header(n - k, train.vocab).tobytes())
         f.truncate(HEADER_BYTES + (n - k) * token_dtype(train.vocab).itemsize)
     train.counts[-1], train.total = n - k, train.total - k
-    val.files, val.counts, val.total = [val.created[-1].name], [k], k
+    val.files, val.counts, val.total = [held_out.name], [k], k
 
 
 def _tokenizer(spec: TokenizerSpec, stream: TextStream, cfg: PrepareConfig) -> TextTokenizer:
@@ -222,15 +224,11 @@ def prepare(inp: TextInput, spec: TokenizerSpec, cfg: PrepareConfig) -> PrepareR
     old = check_output(cfg.out_dir, cfg.force)
     stream = open_text(inp)
     tok = _tokenizer(spec, stream, cfg)
-    keep = tok.file.resolve() if isinstance(tok, HFTokenizer) and tok.file is not None else None
-    for path in old:
-        if path.resolve() != keep:
-            path.unlink()
-    cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    created: list[Path] = []
+    staging = cfg.out_dir / f".prepare-{os.getpid()}"  # written here, moved in whole once all is good
+    staging.mkdir(parents=True, exist_ok=True)
     try:
-        train = _SplitWriter(cfg.out_dir, "train", tok.vocab_size, cfg.shard_tokens, created)
-        val = _SplitWriter(cfg.out_dir, "val", tok.vocab_size, cfg.shard_tokens, created)
+        train = _SplitWriter(staging, "train", tok.vocab_size, cfg.shard_tokens)
+        val = _SplitWriter(staging, "val", tok.vocab_size, cfg.shard_tokens)
         chars = _tokenize(stream, tok, cfg, train, val)
         train.close()
         val.close()
@@ -238,18 +236,19 @@ def prepare(inp: TextInput, spec: TokenizerSpec, cfg: PrepareConfig) -> PrepareR
             raise DataError(f"no text in {stream.source.split(': ', 1)[-1]}")
         if not val.files:
             _hold_out_tail(train, val, cfg.val_fraction)
-        saved = tok.save(cfg.out_dir)
-        if saved is not None and saved.resolve() != keep:
-            created.append(saved)
+        saved = tok.save(staging)
         sidecar = DataSidecar(vocab_size=tok.vocab_size, dtype=dtype_name(token_dtype(tok.vocab_size)),
-                              tokenizer=saved.resolve() if saved is not None else None, eos_id=tok.eos_id,
-                              splits={"train": train.files, "val": val.files},
+                              tokenizer=None if saved is None else (cfg.out_dir / saved.name).resolve(),
+                              eos_id=tok.eos_id, splits={"train": train.files, "val": val.files},
                               tokens={"train": train.total, "val": val.total}, source=stream.source)
-        path = write_sidecar(cfg.out_dir, sidecar)
-    except BaseException:
-        for p in created:
-            p.unlink(missing_ok=True)
-        raise
+        write_sidecar(staging, sidecar)
+        for path in old:  # (only now: a run that fails leaves the earlier data as it was)
+            path.unlink()
+        for path in staging.iterdir():
+            path.replace(cfg.out_dir / path.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    path = cfg.out_dir / SIDECAR_NAME
     return PrepareResult(sidecar, path, chars, time.perf_counter() - t0)
 
 

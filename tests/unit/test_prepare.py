@@ -228,6 +228,9 @@ def test_an_output_that_holds_shards_is_refused_unless_force(tmp_path):
     one_line_error(prepare(str(tmp_path / "b.txt"), "-o", str(out), "--train-tokenizer", "300"), "already holds token data",
                    "--force")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing overwritten
+    (tmp_path / "empty.txt").write_text("")  # --force, and the run fails after the tokenizer: the earlier data stays
+    assert prepare(str(tmp_path / "empty.txt"), "-o", str(out), "--force").exit_code == 2
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     (out / "stale_999.bin").write_bytes(b"\0\0")
     r = prepare(str(tmp_path / "b.txt"), "-o", str(out), "--train-tokenizer", "300", "--force")
     assert r.exit_code == 0, r.output
