@@ -83,12 +83,14 @@ class BootstrapNode:
             raise
 
     def _start(self) -> list[str]:
-        from p2p_diloco.discovery import dht, hivemind_compat
+        from p2p_diloco.discovery.peerid import peer_id_from_identity
         from p2p_diloco.discovery.rendezvous import RendezvousServer
 
         fresh = not self.identity.exists()
         dht_port = self.port
-        if self.discovery in ("auto", "dht"):
+        if self.discovery in ("auto", "dht"):  # (hivemind, and torch with it, only for a DHT node)
+            from p2p_diloco.discovery import dht, hivemind_compat
+
             hivemind_compat.check()
             try:
                 self.dht = dht.start_dht(
@@ -105,7 +107,7 @@ class BootstrapNode:
                 self.multiaddrs = [str(m) for m in self.dht.get_visible_maddrs()]
                 dht_port = addresses.parse(self.multiaddrs[0]).port
         if self.peer_id is None:
-            self.peer_id = dht.peer_id_from_identity(str(self.identity))
+            self.peer_id = peer_id_from_identity(str(self.identity))
         if fresh and self.identity.exists():
             os.chmod(self.identity, 0o600)  # it is a private key
             logger.info("created the identity file %s", self.identity)

@@ -34,7 +34,7 @@ import hivemind
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
-from hivemind.p2p import P2P, PeerID
+from hivemind.p2p import PeerID
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
@@ -203,16 +203,6 @@ async def _routing_peers(_dht: hivemind.DHT, node: Any) -> list[str]:
 def routing_peers(dht: hivemind.DHT) -> list[str]:
     """Peer ids in a DHT node's routing table (the bootstrap node logs joins from this)."""
     return dht.run_coroutine(_routing_peers)
-
-
-def peer_id_from_identity(identity_path: str) -> str:
-    """The libp2p peer id of an identity file, created if missing (works without the daemon)."""
-    import os
-
-    if not os.path.isfile(identity_path):
-        P2P.generate_identity(identity_path)
-    with open(identity_path, "rb") as f:
-        return str(PeerID.from_identity(f.read()))
 
 
 class DhtMembership(BackgroundMembership):

@@ -13,10 +13,10 @@ import time
 
 import pytest
 from discovery_harness import Bootstrap, Member, announce, free_port_pair, wait_until
-from hivemind.p2p import P2P
 
 from p2p_diloco.config import DiscoveryConfig
-from p2p_diloco.discovery import dht, open_membership
+from p2p_diloco.discovery import open_membership
+from p2p_diloco.discovery.peerid import peer_id_from_identity
 from p2p_diloco.discovery.rendezvous import RendezvousServer
 
 RETRYING = "trying again, with pauses"
@@ -26,9 +26,8 @@ RETRYING = "trying again, with pauses"
 @pytest.mark.timeout(90)
 def test_a_member_started_before_its_dht_bootstrap_node_joins_once_it_is_up(procs, tmp_path):
     port = free_port_pair()
-    identity = tmp_path / "bootstrap.key"  # the node's peer id, known before it runs
-    P2P.generate_identity(str(identity))
-    maddr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{dht.peer_id_from_identity(str(identity))}"
+    identity = tmp_path / "bootstrap.key"  # the node's peer id, known before it runs (the DHT node takes the file)
+    maddr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer_id_from_identity(str(identity))}"
     member = Member(procs, tmp_path, 0, [maddr], "dht", "late", expiry=10.0, refresh=1.0, poll=0.5, endpoint_port=20000)
     wait_until(lambda: RETRYING in member.log.read_text() or member.proc.poll() is not None, 40,
                "the member to find no bootstrap node")

@@ -141,3 +141,26 @@ def test_a_sealed_record_still_needs_its_owners_signature(keys):
     honest, mallory = keys
     sealed = Sealer("swarm secret", RUN, "dht").seal(good_value(honest))
     assert not accepted(make_record(mallory, sealed, owner_subkey(honest)))
+
+
+def test_an_identity_file_names_the_same_peer_as_hivemind_whichever_wrote_it(tmp_path):
+    """`discovery.peerid` (a ZeroMQ-only bootstrap node names itself without loading hivemind) reads
+    hivemind's identity files as hivemind does, and hivemind reads the files it writes."""
+    from hivemind.p2p import P2P, PeerID
+
+    from p2p_diloco.discovery.peerid import generate_identity, peer_id_from_identity
+    from p2p_diloco.errors import DiscoveryError
+
+    theirs, ours = tmp_path / "hivemind.key", tmp_path / "ours.key"
+    P2P.generate_identity(str(theirs))
+    assert peer_id_from_identity(str(theirs)) == str(PeerID.from_identity(theirs.read_bytes()))
+    generate_identity(str(ours))
+    assert peer_id_from_identity(str(ours)) == str(PeerID.from_identity(ours.read_bytes()))
+    assert (ours.stat().st_mode & 0o777) == 0o400
+    created = tmp_path / "new.key"  # missing: created, and the same id every time after
+    assert peer_id_from_identity(str(created)) == peer_id_from_identity(str(created)) != peer_id_from_identity(str(ours))
+    for bad in (b"", b"\x08\x01\x12\x02ab", b"\x12\xff", b"\x08\x00\x12\x03abc"):
+        path = tmp_path / "bad.key"
+        path.write_bytes(bad)
+        with pytest.raises(DiscoveryError, match="identity file"):
+            peer_id_from_identity(str(path))
