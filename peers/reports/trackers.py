@@ -47,7 +47,9 @@ class WandbSink:
     def __init__(self, run: RunInfo, project: str) -> None:
         import wandb
 
-        mode = os.environ.get("WANDB_MODE") or "offline"
+        # (process-wide: W&B's own analytics follow the process's mode, not the run's, and would reach
+        # W&B's servers at exit otherwise)
+        mode = os.environ.setdefault("WANDB_MODE", "offline") or "offline"
         try:
             self._run = wandb.init(project=project, name=run.name, group=run.run_id or None, dir=str(run.run_dir),
                                    config=dict(run.settings), mode=mode, reinit="create_new",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from p2p_diloco.config import HF_CONTEXT
+from p2p_diloco.choices import HF_CONTEXT
 from p2p_diloco.core.device import resolve_device
 from p2p_diloco.core.sampling import sample
 from p2p_diloco.errors import ConfigError

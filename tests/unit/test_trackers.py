@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 from click.testing import CliRunner
+from tracker_files import tensorboard_scalars, wandb_history, wandb_records
 
 import p2p_diloco
 from p2p_diloco.cli import main
@@ -51,30 +52,6 @@ def train(island, model, optimizer) -> None:
             island.step(loss=loss)
 
 
-def wandb_records(run_dir) -> list:
-    """Every record of the offline W&B run under `run_dir` (its `.wandb` file: a header of 7 bytes, then
-    records of 7-byte headers, crc32, length and kind, in blocks of 32 KiB; kinds 1 whole, 2-4 in parts)."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    [path] = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    data, block = path.read_bytes(), 32768
-    assert data[:4] == b":W&B"
-    out, pos, pending = [], 7, b""
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # (the rest of a block too short for a header is padding)
-            pos += block - pos % block
-            continue
-        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
-        pending += data[pos + 7:pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):
-            record = pb.Record()
-            record.ParseFromString(pending)
-            out.append(record)
-            pending = b""
-    return out
-
-
 @pytest.fixture
 def offline_wandb(tmp_path, monkeypatch):
     """W&B as a machine with no route to it runs: no WANDB_MODE set, its own folders in `tmp_path`."""
@@ -86,7 +63,6 @@ def offline_wandb(tmp_path, monkeypatch):
 def test_a_runs_rounds_reach_tensorboard_and_an_offline_wandb_run(tmp_path, offline_wandb):
     pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
     pytest.importorskip("wandb", reason="the wandb extra is not installed")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run_dir = tmp_path / "run"
     model, optimizer = model_and_optimizer()
@@ -98,21 +74,19 @@ def test_a_runs_rounds_reach_tensorboard_and_an_offline_wandb_run(tmp_path, offl
     assert [r["budget"] for r in rows] == [round(k / ROUNDS, 4) for k in range(1, ROUNDS + 1)] and rows[-1]["eta_s"] == 0
     assert all(r["lr"] == 0.05 and r["outer_lr"] == DiLoCoConfig().outer_lr and r["mixes"] == 0 for r in rows)
 
-    events = EventAccumulator(str(run_dir / "tensorboard"))
-    events.Reload()
-    tags = set(events.Tags()["scalars"])
+    events = tensorboard_scalars(run_dir)
+    tags = set(events)
     assert {"loss/train", "throughput/tokens_per_s", "time/utilization", "time/inner_s", "inner/lr",
             "outer/lr", "gossip/mixes", "gossip/refused", "gossip/bytes_in", "gossip/bytes_out", "progress/budget",
             "spent/inner_s", "spent/end_s"} <= tags
-    loss = events.Scalars("loss/train")
+    loss = events["loss/train"]
     assert [e.step for e in loss] == [r["round"] for r in rows]
     assert [e.value for e in loss] == pytest.approx([r["loss"] for r in rows], rel=1e-6)
 
     records = wandb_records(run_dir)
     [run] = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert (run.display_name, run.project, run.run_group) == ("isle-1", "tests", "trackers")
-    history = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
-               for r in records if r.WhichOneof("record_type") == "history"]
+    history = wandb_history(records)
     assert [h["_step"] for h in history] == [r["round"] for r in rows]
     assert [h["loss/train"] for h in history] == pytest.approx([r["loss"] for r in rows])
     assert all(h["inner/lr"] == 0.05 for h in history)
