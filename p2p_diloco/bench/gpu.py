@@ -109,7 +109,7 @@ def island_row(summary: dict[str, Any], rows: list[dict], params: int, peak: flo
 
 def two_islands(name: str, preset: str, rounds: int, local_steps: int, batch_size: int, device: str, precision: str,
                 data: Path, vocab_size: int, workdir: Path, peak: float | None,
-                say: Callable[[str], None], discovery: str = "auto") -> dict[str, Any]:
+                say: Callable[[str], None]) -> dict[str, Any]:
     """Two islands of `preset` on `device` for `rounds` rounds: their rows (`island_row`), and the swarm's wall time."""
     shape = ModelConfig(size=preset).resolved()
     params = shape_params({**shape, "vocab_size": vocab_size})
@@ -117,7 +117,7 @@ def two_islands(name: str, preset: str, rounds: int, local_steps: int, batch_siz
     say(f"{name}: 2 islands of {preset} ({params:,} parameters) on {device} in {precision}: {rounds} rounds of "
         f"{local_steps} steps at batch {batch_size}, {per_island:,} tokens each")
     cfg = DemoConfig(islands=2, max_tokens=per_island, local_steps=local_steps, run_id=f"bench-gpu-{name}",
-                     workdir=workdir, data=str(data), vocab_size=vocab_size, discovery=discovery,
+                     workdir=workdir, data=str(data), vocab_size=vocab_size,
                      extra_args=("--model", preset, "--device", device, "--precision", precision,
                                  "--batch-size", str(batch_size)))
     started = time.monotonic()
@@ -155,8 +155,7 @@ def memory(islands: list[dict], round_row: dict, params: int) -> dict[str, Any]:
 def run_bench_gpu(device: str = "cuda", preset: str = "gpt2-small", precision: str = "bf16",
                   vocab_size: int = GPT2_VOCAB, rounds: int = 20, local_steps: int = 15, batch_size: int = 16,
                   big_preset: str | None = "gpt2-1b", big_rounds: int = 3, big_batch_size: int = 4, plain_steps: int = 30,
-                  workdir: Path | None = None, log: Callable[[str], None] | None = None,
-                  discovery: str = "auto") -> dict[str, Any]:
+                  workdir: Path | None = None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The plain loop, two islands of `preset`, two of `big_preset` (None or 0 rounds: skipped), then
     `bench round` at `preset`'s size, all on `device`; the JSON object of the module docstring."""
     import torch
@@ -175,12 +174,12 @@ def run_bench_gpu(device: str = "cuda", preset: str = "gpt2-small", precision: s
     plain = plain_loop(preset, data, vocab_size, device, precision, batch_size, plain_steps, params, peak)
     say(f"plain loop: {plain['tokens_per_s']:,.0f} tokens/s")
     small = two_islands("islands", preset, rounds, local_steps, batch_size, device, precision, data, vocab_size,
-                        workdir / "swarm", peak, say, discovery)
+                        workdir / "swarm", peak, say)
     together = sum(i["tokens_per_s"] or 0.0 for i in small["islands"])
     big = None
     if big_preset and big_rounds > 0:
         big = two_islands("big", big_preset, big_rounds, local_steps, big_batch_size, device, precision, data,
-                          vocab_size, workdir / "big", peak, say, discovery)
+                          vocab_size, workdir / "big", peak, say)
     say(f"bench round at {params:,} parameters on {where}")
     (row,) = run_round([params], log=say, exchanges=(DiLoCoConfig.exchange,), device=device)["rows"]
     return {"device": str(where), "device_name": name, "torch": torch.__version__, "torch_cuda": torch.version.cuda,

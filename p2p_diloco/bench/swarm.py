@@ -53,8 +53,7 @@ def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.to
                     bandwidth_mbps: float | tuple[float, ...] | None = SimConfig.bandwidth_mbps,
                     compression: str = SimConfig.compression, local_steps: int = DiLoCoConfig.local_steps,
                     workdir: Path | None = None, runs: int = 1, momentum: str = DiLoCoConfig.momentum,
-                    exchange: str = DiLoCoConfig.exchange, update_codec: str = DiLoCoConfig.update_codec,
-                    discovery: str = "auto") -> dict:
+                    exchange: str = DiLoCoConfig.exchange, update_codec: str = DiLoCoConfig.update_codec) -> dict:
     """Run the swarm `runs` times (runs of the same code differ by which partner each island draws
     and when each state lands), then the two simulations once; losses are means over the runs.
     With `exchange="updates"` the simulation's partners are a ring too, as the islands'. With one
@@ -71,7 +70,7 @@ def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.to
     for k in range(runs):
         where = workdir / f"run-{k}" if workdir is not None and runs > 1 else workdir
         cfg = DemoConfig(islands=islands, max_tokens=per_island, latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps,
-                         local_steps=local_steps, compression=compression, run_id="bench", workdir=where, discovery=discovery,
+                         local_steps=local_steps, compression=compression, run_id="bench", workdir=where,
                          extra_args=("--momentum", momentum, "--exchange", exchange, "--update-codec", update_codec))
         started = time.monotonic()
         run_dir, names, summaries = run_swarm(cfg)

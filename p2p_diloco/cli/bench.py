@@ -18,11 +18,6 @@ from p2p_diloco.config import (
 from p2p_diloco.sim.config import SimConfig
 
 
-swarm_discovery = click.option("--discovery", type=click.Choice(["auto", "zmq"]), default="auto", show_default=True,
-                               help="How the islands find each other: the DHT, or the ZeroMQ rendezvous alone "
-                                    "(no libp2p daemons).")
-
-
 @click.group()
 def bench() -> None:
     """Measure parts of the system and print the figures quoted in BENCHMARKS.md."""
@@ -80,10 +75,9 @@ def bench_transport(params, compression, latency_ms, bandwidth_mbps, repeat, raw
 @click.option("--runs", type=click.IntRange(1, 20), default=1, show_default=True,
               help="Run the swarm this many times and report the mean loss (the simulations run once).")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the islands' files here.")
-@swarm_discovery
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_steps, momentum, exchange,
-                update_codec, runs, workdir, discovery, as_json) -> None:
+                update_codec, runs, workdir, as_json) -> None:
     """Real islands on loopback over an emulated WAN, against the simulator and data parallel."""
     from p2p_diloco.bench.swarm import run_bench_swarm
 
@@ -92,7 +86,7 @@ def bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_
                                  param_hint="--bandwidth-mbps")
     bandwidth_mbps = bandwidth_mbps[0] if len(bandwidth_mbps) == 1 else bandwidth_mbps
     out = run_bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_steps,
-                          Path(workdir) if workdir else None, runs, momentum, exchange, update_codec, discovery)
+                          Path(workdir) if workdir else None, runs, momentum, exchange, update_codec)
     if as_json:
         click.echo(json.dumps(out))
         return
@@ -290,10 +284,9 @@ def bench_links(scenarios, islands, tokens, runs, workdir, as_json) -> None:
               help="Sequences per inner step of the second pair (two ~1B islands fit one 80 GB GPU at 4).")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the shards, logs and checkpoints here.")
 @click.option("--output", type=click.Path(dir_okay=False), default=None, help="Also write the JSON object to this file.")
-@swarm_discovery
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout; progress goes to stderr.")
 def bench_gpu(device, preset, precision, vocab_size, rounds, local_steps, batch_size, plain_steps, big_preset,
-              big_rounds, big_batch_size, workdir, output, discovery, as_json) -> None:
+              big_rounds, big_batch_size, workdir, output, as_json) -> None:
     """On one GPU: a plain training loop, two islands (gpt2-small, bf16) for 20 rounds, two ~1B islands
     for a few, then `bench round`: tokens/s against the plain loop, utilization, MFU, losses, mixes,
     round overhead, peak memory."""
@@ -303,8 +296,7 @@ def bench_gpu(device, preset, precision, vocab_size, rounds, local_steps, batch_
         try:
             out = run_bench_gpu(device, preset, precision, vocab_size, rounds, local_steps, batch_size,
                                 None if big_preset == "none" else big_preset, big_rounds, big_batch_size, plain_steps,
-                                Path(workdir) if workdir else None, log=lambda msg: click.echo(msg, err=True),
-                                discovery=discovery)
+                                Path(workdir) if workdir else None, log=lambda msg: click.echo(msg, err=True))
         except RuntimeError as e:  # an island or the round's process failed: its log is named
             raise click.ClickException(str(e)) from e
     text = json.dumps(out)

@@ -58,9 +58,6 @@ class DemoConfig:
     """Text or token shards to train on (None: the embedded default), as `join --data`."""
     vocab_size: int | None = None
     """Vocabulary of token shards, as `join --vocab-size`."""
-    discovery: str = "auto"
-    """How the bootstrap node and the islands find each other (`join --discovery`): the DHT, as a swarm
-    across machines does, or `zmq`, the rendezvous alone (no libp2p daemons to start and stop)."""
 
     def data_args(self) -> tuple[str, ...]:
         """The islands' `--data` / `--vocab-size`, when set."""
@@ -151,10 +148,10 @@ class Swarm:
         self.procs.append(p)
         return p
 
-    def start_bootstrap(self, timeout: float = 60.0, discovery: str = "auto") -> list[str]:
+    def start_bootstrap(self, timeout: float = 60.0) -> list[str]:
         addr_file = self.workdir / "bootstrap.addr"
         self._spawn(_cli("bootstrap", "--port", "0", "--identity", str(self.workdir / "bootstrap.key"),
-                         "--addr-file", str(addr_file), "--discovery", discovery), "bootstrap.log")
+                         "--addr-file", str(addr_file)), "bootstrap.log")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if addr_file.exists() and addr_file.read_text().strip():
@@ -223,11 +220,11 @@ def run_swarm(cfg: DemoConfig) -> tuple[Path, list[str], list[dict]]:
     names = [f"island-{i}" for i in range(cfg.islands)]
     limit_args = ["--max-tokens", str(cfg.max_tokens)] if cfg.max_tokens else ["--max-seconds", str(cfg.minutes * 60)]
     args = ["--run-id", cfg.run_id, *limit_args, "-H", str(cfg.local_steps), "--wait-for", str(cfg.islands),
-            "--discovery", cfg.discovery, *cfg.data_args(), *cfg.extra_args]
+            *cfg.data_args(), *cfg.extra_args]
     stop_follow = threading.Event()
     with _signals(_exit_on_signal):  # SIGTERM and SIGHUP end the demo as Ctrl+C does: through `finally`
         try:
-            swarm.start_bootstrap(discovery=cfg.discovery)
+            swarm.start_bootstrap()
             islands = [swarm.start_island(n, args, cfg.island_command(k)) for k, n in enumerate(names)]
             if cfg.dashboard:
                 _dashboard_until_done(swarm, cfg, islands)

@@ -23,7 +23,7 @@ def test_bench_gpu_runs_on_the_cpu_and_reports_every_figure(procs, tmp_path):
     out_file = tmp_path / "gpu_check.json"
     proc = procs.python("-m", "p2p_diloco", "bench", "gpu", "--device", "cpu", "--preset", "tiny", "--vocab-size", "256",
                         "--rounds", "4", "-H", "4", "--batch-size", "4", "--plain-steps", "3", "--big-preset", "tiny",
-                        "--big-rounds", "1", "--big-batch-size", "2", "--discovery", "zmq", "--workdir", str(tmp_path / "run"),
+                        "--big-rounds", "1", "--big-batch-size", "2", "--workdir", str(tmp_path / "run"),
                         "--output", str(out_file), "--json", stdout=subprocess.PIPE, text=True)
     stdout, _ = proc.communicate(timeout=220)
     assert proc.returncode == 0
