@@ -184,7 +184,7 @@ class DiscoveryConfig:
     after one attempt)."""
     join_timeout: float | None = None
     """Seconds an island keeps trying bootstrap nodes that do not answer, with backoff and jitter,
-    before it gives up (`--join-timeout`); unset: until one answers, the island's `max_seconds`
+    before it gives up (`[discovery] join_timeout`); unset: until one answers, the island's `max_seconds`
     pass, or it is stopped (`p2p_diloco.discovery.patience`). Not `IslandConfig.join_timeout_s`,
     which bounds the wait for members and the first download once discovery answered."""
     secret: str | None = dataclasses.field(default=None, repr=False)

@@ -70,8 +70,8 @@ def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.to
     for k in range(runs):
         where = workdir / f"run-{k}" if workdir is not None and runs > 1 else workdir
         cfg = DemoConfig(islands=islands, max_tokens=per_island, latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps,
-                         local_steps=local_steps, compression=compression, run_id="bench", workdir=where,
-                         extra_args=("--momentum", momentum, "--exchange", exchange, "--update-codec", update_codec))
+                         local_steps=local_steps, compression=compression, update_codec=update_codec, run_id="bench",
+                         workdir=where, extra_args=("--momentum", momentum, "--exchange", exchange))
         started = time.monotonic()
         run_dir, names, summaries = run_swarm(cfg)
         wall_s = time.monotonic() - started

@@ -71,7 +71,7 @@ def bench_transport(params, compression, latency_ms, bandwidth_mbps, repeat, raw
 @click.option("--exchange", type=click.Choice(EXCHANGES), default=DiLoCoConfig.exchange, show_default=True,
               help="Whole states or public-state updates (as `join --exchange`; the simulation's partners are then a ring).")
 @click.option("--update-codec", type=click.Choice(UPDATE_CODECS), default=DiLoCoConfig.update_codec,
-              show_default=True, help="Codec of the updates (as `join --update-codec`).")
+              show_default=True, help="Codec of the updates (as `join`'s [diloco] update_codec).")
 @click.option("--runs", type=click.IntRange(1, 20), default=1, show_default=True,
               help="Run the swarm this many times and report the mean loss (the simulations run once).")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the islands' files here.")

@@ -3,7 +3,7 @@
 Two kinds of table:
 
 - **Config sections** (`[model]`, `[train]`, `[diloco]`, `[network]`, `[discovery]`, `[island]`, `[log]`
-  (`p2p_diloco.tracking`: `to`, `wandb_project`, the flags `--log-to`, `--wandb-project`), and
+  (`p2p_diloco.tracking`: `to`, the flag `--log-to`, and `wandb_project`), and
   `[admission]` with its settings sections `[admission.trust]`, ...: `p2p_diloco.admission`),
   named and keyed as the config dataclasses of `p2p_diloco.config` are: they configure `join`
   (and `bench member`). Every field can be set there, the ones with no flag too (the expert
@@ -37,8 +37,7 @@ SECTIONS = {"model": cfg.ModelConfig, "train": cfg.TrainConfig, "diloco": cfg.Di
 SECTION_COMMANDS = ("join", "bench.member")
 """The commands the config sections configure."""
 OPTION_OF = {("model", "size"): "model_size", ("island", "port"): "port", ("discovery", "host"): "host",
-             ("discovery", "announce_host"): "announce_host", ("log", "to"): "log_to",
-             ("log", "wandb_project"): "wandb_project"}
+             ("discovery", "announce_host"): "announce_host", ("log", "to"): "log_to"}
 """Section fields whose `join` option has another name (or whose name another section's option takes)."""
 
 

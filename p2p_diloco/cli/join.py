@@ -30,11 +30,11 @@ from p2p_diloco.tracking import TRACKERS, LogConfig, parse_trackers, require_tra
 I = IslandConfig
 JOIN_GROUPS = {
     "The swarm": ("bootstrap", "run_id", "secret", "secret_file", "discovery", "host", "announce_host", "port",
-                  "reach", "wait_for", "join_timeout"),
+                  "reach", "wait_for"),
     "Model and data": ("model_size", "data", "vocab_size", "batch_size", "lr", "device", "precision", "shard"),
-    "Training": ("local_steps", "momentum", "exchange", "update_codec", "max_tokens", "max_rounds", "max_seconds",
+    "Training": ("local_steps", "momentum", "exchange", "max_tokens", "max_rounds", "max_seconds",
                  "run_dir", "resume", "fresh"),
-    "Output": ("name", "quiet", "as_json", "log_to", "wandb_project", "help"),
+    "Output": ("name", "quiet", "as_json", "log_to", "help"),
 }
 """How `join --help` lists its options."""
 
@@ -46,7 +46,8 @@ CONFIG_FILE_ONLY = (
     ("--mix-weight", "diloco", None), ("--max-staleness", "diloco", None), ("--same-version-wait", "island", None),
     ("--max-stretch", "island", None), ("--eval-every", "island", None), ("--checkpoint-every", "island", None),
     ("--compression", "network", None), ("--fetch-timeout", "network", "fetch_timeout_s"),
-    ("--max-upload-mbps", "network", None), ("--dht-port", "discovery", "port"))
+    ("--max-upload-mbps", "network", None), ("--dht-port", "discovery", "port"), ("--update-codec", "diloco", None),
+    ("--join-timeout", "discovery", None), ("--wandb-project", "log", None))
 """Settings a user rarely changes, set in the config file only (flag, table, field): given as a flag,
 each is a one-line usage error naming its table."""
 
@@ -69,7 +70,7 @@ def _trackers(_ctx, param, value) -> tuple[str, ...]:
 @click.command(cls=grouped(JOIN_GROUPS))
 @discovery_options()
 @model_options
-@diloco_options
+@diloco_options(update_codec=False)
 @device_options
 @click.option("--shard", type=click.Choice(SHARDS), default=TrainConfig.shard, show_default=True,
               help="Under torchrun: replicate the model on every rank (DDP) or shard it over them (fsdp: FSDP2, "
@@ -87,10 +88,6 @@ def _trackers(_ctx, param, value) -> tuple[str, ...]:
 @click.option("--wait-for", type=click.IntRange(min=1), default=I.wait_for, show_default=True,
               help=f"Before the first round, wait (up to {I.join_timeout_s:g} s) until this many islands, this one "
                    "included, are in the run.")
-@click.option("--join-timeout", type=click.FloatRange(min=0, min_open=True), default=DiscoveryConfig.join_timeout,
-              metavar="SECONDS", help="Give up (exit 1) when no bootstrap node answered within this long. Without it "
-                                      "an island keeps trying, with growing pauses, until one answers (or "
-                                      "--max-seconds pass).")
 @click.option("--host", default=DiscoveryConfig.host, show_default=True, help="Address the state exchange, DHT and peer exchange listen on.")
 @click.option("--announce", "announce_host", default=DiscoveryConfig.announce_host,
               help="Address others should dial (when --host is not reachable as such).")
@@ -110,8 +107,6 @@ def _trackers(_ctx, param, value) -> tuple[str, ...]:
               help="Also send each round's figures to these trackers, comma-separated: tensorboard (event files in "
                    "RUN_DIR/tensorboard), wandb (a W&B run, offline unless WANDB_MODE says otherwise). Each is an "
                    "extra: pip install 'p2p-diloco[tensorboard,wandb]'.")
-@click.option("--wandb-project", default=LogConfig.wandb_project, show_default=True,
-              help="The W&B project of --log-to wandb (the run is named as the island).")
 @_config_file_only
 @retired_option("--slowdown", "fault injection lives in `p2p-diloco bench member --slowdown`", figures=False)
 @retired_option("--poison", "fault injection lives in `p2p-diloco bench member --poison`", figures=False)
@@ -122,8 +117,9 @@ def join(**kw) -> None:
     """Start an island: find the swarm, train rounds, gossip with partners, checkpoint.
 
     The settings a user rarely changes (the model's shape, the seed, the outer step, evaluation and
-    checkpoint intervals, the codec) are set in a config file: `p2p-diloco --config FILE join ...`
-    with [model], [train], [diloco], [island], [network] and [discovery] tables (README, "A swarm across machines")."""
+    checkpoint intervals, the codecs, the join timeout, the W&B project) are set in a config file:
+    `p2p-diloco --config FILE join ...` with [model], [train], [diloco], [island], [network],
+    [discovery] and [log] tables (README, "A swarm across machines")."""
     run_join(kw)
 
 
@@ -133,7 +129,7 @@ def run_join(kw: dict, **faults) -> None:
         # one swarm secret seals discovery records and keys the state exchange (docs/SECURITY.md)
         discovery = discovery_config(kw.pop("bootstrap"), kw.pop("run_id"), kw.pop("discovery"),
                                      host=kw["host"], announce_host=kw["announce_host"], secret=swarm_secret(kw),
-                                     outbound_only=kw["reach"] == "outbound", join_timeout=kw.pop("join_timeout"))
+                                     outbound_only=kw["reach"] == "outbound")
         data, vocab_size, as_json = kw.pop("data"), kw.pop("vocab_size"), kw.pop("as_json")
         model, train, diloco = build_configs(kw)
         island = IslandConfig(run_dir=Path(kw["run_dir"]), port=kw["port"], reach=kw["reach"], max_tokens=kw["max_tokens"],
@@ -141,7 +137,7 @@ def run_join(kw: dict, **faults) -> None:
                               fresh=kw["fresh"], name=kw["name"], quiet=kw["quiet"], wait_for=kw["wait_for"])
         c = apply_advanced({"island": island, "model": model, "train": train, "diloco": diloco,
                             "network": NetworkConfig(), "discovery": discovery})
-        log = LogConfig(to=kw["log_to"], wandb_project=kw["wandb_project"])
+        log = apply_advanced({"log": LogConfig(to=kw["log_to"])})["log"]
         before_start(c["island"], log)
         import torch  # (after the checks above, which fail at once)
 

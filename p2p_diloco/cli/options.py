@@ -168,8 +168,13 @@ def retired_option(decl: str, replacement: str, figures: bool = True, status: st
     return click.option(decl, default=None, hidden=True, expose_value=False, callback=refuse, **kw)
 
 
-def diloco_options(f: Callable) -> Callable:
-    """Options of the outer loop, shared by `simulate` and `join`."""
+def diloco_options(update_codec: bool = True) -> Callable[[Callable], Callable]:
+    """Options of the outer loop, shared by `simulate` and `join` (which takes the update codec from
+    the config file's [diloco] table: `update_codec=False`)."""
+    return lambda f: _diloco_options(f, update_codec)
+
+
+def _diloco_options(f: Callable, update_codec: bool) -> Callable:
     f = click.option("--local-steps", "-H", type=int, default=D.local_steps, show_default=True, help="H: inner steps per round.")(f)
     f = click.option("--momentum", type=Retiring(MOMENTUM_MODES, RETIRED_MOMENTUM), default=D.momentum,
                      show_default=True, help="How outer momentum travels: in 4 bits, mixed and rescaled (the default), "
@@ -179,8 +184,9 @@ def diloco_options(f: Callable) -> Callable:
                           "rate, else compressed updates of a public state, in fragments where even those do not fit; "
                           "state, updates or fragments: always that (updates: error feedback, the ring of peer ids "
                           "picks partners, momentum stays local; fragments: [diloco] fragments spans, one per update).")(f)
-    f = click.option("--update-codec", type=Retiring(UPDATE_CODECS, RETIRED_UPDATE_CODECS), default=D.update_codec,
-                     show_default=True, help="Codec of the updates (--exchange updates or auto).")(f)
+    if update_codec:
+        f = click.option("--update-codec", type=Retiring(UPDATE_CODECS, RETIRED_UPDATE_CODECS), default=D.update_codec,
+                         show_default=True, help="Codec of the updates (--exchange updates or auto).")(f)
     f = retired_option("--mix-at", "a partner's state is always mixed as it arrives; drop --mix-at")(f)
     f = retired_option("--mix-pseudo-gradient/--no-mix-pseudo-gradient",
                        "pseudo-gradients are never averaged; drop the option")(f)
@@ -302,7 +308,7 @@ def build_configs(kw: dict) -> tuple[ModelConfig, TrainConfig, DiLoCoConfig]:
                           final_mix=kw.pop("final_mix", D.final_mix), mix_weight=kw.pop("mix_weight", D.mix_weight),
                           max_staleness=kw.pop("max_staleness", D.max_staleness),
                           offload_outer=kw.pop("offload_outer", D.offload_outer), exchange=kw.pop("exchange"),
-                          update_codec=kw.pop("update_codec"), fragments=kw.pop("fragments", D.fragments))
+                          update_codec=kw.pop("update_codec", D.update_codec), fragments=kw.pop("fragments", D.fragments))
     return model, train, diloco
 
 

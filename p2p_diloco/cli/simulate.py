@@ -19,7 +19,7 @@ S = SimConfig
 @click.command()
 @model_options
 @model_shape_options
-@diloco_options
+@diloco_options()
 @outer_step_options
 @gossip_tuning_options
 @device_options

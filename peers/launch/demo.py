@@ -49,6 +49,7 @@ class DemoConfig:
     local_steps: int = DiLoCoConfig.local_steps
     compression: str = NetworkConfig.compression
     offload_outer: bool = DiLoCoConfig.offload_outer
+    update_codec: str = DiLoCoConfig.update_codec
     run_id: str = "demo"
     workdir: Path | None = None
     dashboard: bool = False
@@ -67,7 +68,7 @@ class DemoConfig:
     def settings(self) -> dict[str, dict]:
         """The islands' settings that `join` takes from a config file only."""
         return {"island": {"eval_every": 5}, "network": {"compression": self.compression},
-                "diloco": {"offload_outer": self.offload_outer}}
+                "diloco": {"offload_outer": self.offload_outer, "update_codec": self.update_codec}}
 
     def __post_init__(self) -> None:
         rates = self.bandwidth_mbps

@@ -1,6 +1,6 @@
 """Patient joining on 127.0.0.1: an island started before its bootstrap node keeps trying and joins
 once the node is up, over the DHT (real processes) and over ZeroMQ (in process, real sockets);
-`join --join-timeout` gives up with one clear line and exit code 1, and a signal while it waits
+`join` with a `[discovery] join_timeout` gives up with one clear line and exit code 1, and a signal while it waits
 ends it at once."""
 
 from __future__ import annotations
@@ -68,19 +68,20 @@ def test_an_island_started_before_its_rendezvous_joins_once_it_is_up(caplog):
     assert sum(RETRYING in r.getMessage() for r in caplog.records) == 1  # said once
 
 
-def _join(procs, folder, dead: str, *extra: str) -> tuple[subprocess.Popen, object]:
+def _join(procs, folder, dead: str, limit: str = "") -> tuple[subprocess.Popen, object]:
     folder.mkdir()
     log = folder / "join.err"
-    (folder / "p2p.toml").write_text("[discovery]\nconnect_timeout = 1.0\n")  # one attempt: 1 s, not 10
+    bounded = f"join_timeout = {limit}\n" if limit else ""
+    (folder / "p2p.toml").write_text(f"[discovery]\nconnect_timeout = 1.0\n{bounded}")  # one attempt: 1 s, not 10
     args = ["-m", "p2p_diloco", "--config", str(folder / "p2p.toml"), "join", "--bootstrap", dead, "--discovery", "zmq", "--run-dir",
-            str(folder / "run"), "--quiet", *extra]
+            str(folder / "run"), "--quiet"]
     return procs.python(*args, stdout=subprocess.DEVNULL, stderr=open(log, "w")), log
 
 
 @pytest.mark.timeout(90)
 def test_join_timeout_gives_up_with_one_clear_line_and_a_signal_ends_the_wait(procs, tmp_path):
     dead = f"tcp://127.0.0.1:{free_port_pair()}"
-    bounded, bounded_log = _join(procs, tmp_path / "bounded", dead, "--join-timeout", "2")
+    bounded, bounded_log = _join(procs, tmp_path / "bounded", dead, "2")
     patient, patient_log = _join(procs, tmp_path / "patient", dead)  # no limit: it waits until stopped
     assert bounded.wait(40) == 1
     text = bounded_log.read_text()

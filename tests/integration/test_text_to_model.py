@@ -86,8 +86,9 @@ def test_text_becomes_a_llama_that_two_islands_train_and_transformers_loads(proc
 
     islands = [IslandProc(procs, tmp_path, f"i{k}", entry, "--model", "llama-tiny", "--data", str(data),
                           "-H", str(H), "--max-rounds", "1000", "--wait-for", "2", "--quiet",
-                          "--log-to", "tensorboard,wandb", "--wandb-project", "issue-47",
-                          run_id="text-to-model", every=100, settings={"model": {"block_size": BLOCK}})
+                          "--log-to", "tensorboard,wandb",
+                          run_id="text-to-model", every=100,
+                          settings={"model": {"block_size": BLOCK}, "log": {"wandb_project": "issue-47"}})
                for k in range(2)]
     for isl in islands:
         isl.peer_id  # (its island.json: built, trackers started, discovery settling; see the module docstring)

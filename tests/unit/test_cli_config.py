@@ -183,7 +183,7 @@ def test_a_flag_join_does_not_take_names_its_config_table(flag, section, field):
     (["bootstrap", "--identity", "no-such-dir/id.key"], "the directory of the identity file"),
     (["bootstrap", "--identity", "id.key", "--relay", "--discovery", "dht"], "--relay needs the rendezvous"),
     (["bootstrap", "--identity", "id.key", "--relay", "--relay-upload-mbps", "-1"], "network.max_upload_mbps must be"),
-    (["join", "--join-timeout", "0"], "Invalid value for '--join-timeout'"),
+    (["join", "--join-timeout", "0"], "set join_timeout in its [discovery] table"),
     (["join", "--data", "no-such-file.txt"], "data path no-such-file.txt does not exist"),
     (["status", "--bootstrap", "tcp://127.0.0.1:9", "--timeout", "0"], "discovery.connect_timeout must be in (0, 600]"),
     (["bench", "swarm", "--bandwidth-mbps", "1000,0.5"], "one rate > 0, or 4 of them (--islands)"),

@@ -38,7 +38,7 @@ def test_it_tries_again_with_growing_jittered_pauses_and_says_so_once(caplog):
     for i, pause in enumerate(pauses):  # 0.1, 0.2, 0.4 s, each cut by up to JITTER
         assert 0.1 * 2 ** i * (1 - JITTER) - 0.01 <= pause <= 0.1 * 2 ** i + 0.05
     warnings = [r.getMessage() for r in caplog.records]
-    assert len(warnings) == 1 and "try 1" in warnings[0] and "--join-timeout" in warnings[0]
+    assert len(warnings) == 1 and "try 1" in warnings[0] and "[discovery] join_timeout" in warnings[0]
 
 
 def test_a_limit_ends_it_with_an_error_naming_the_limit_and_bounds_each_attempt():
