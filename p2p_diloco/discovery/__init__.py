@@ -23,6 +23,7 @@ from p2p_diloco.errors import DiscoveryError
 if TYPE_CHECKING:
     from p2p_diloco.config import DiscoveryConfig
     from p2p_diloco.discovery.membership import Membership
+    from p2p_diloco.discovery.patience import Patiently
 
 logger = logging.getLogger(__name__)
 
@@ -51,31 +52,36 @@ def open_membership(config: DiscoveryConfig, *, observer: bool = False, budget_s
     reason). An observer raises `BootstrapUnanswered` when no bootstrap address answers within
     `config.connect_timeout` seconds; an island keeps trying (`patience.keep_trying`) for
     `config.join_timeout` seconds, else `budget_s` (its own time budget), else until one answers
-    or `stopped()`.
+    or `stopped()`: over the DHT through the one node it starts, which it keeps for its whole life
+    (a try counts from when the node is up); over ZeroMQ, where a try costs a socket, afresh.
     """
     if observer or not config.bootstrap:
-        return _open(config, observer)
+        return _open(config, observer, None)
     from p2p_diloco.discovery.patience import keep_trying
 
-    def attempt(time_left: float | None) -> Membership:
-        timeout = config.connect_timeout if time_left is None else min(config.connect_timeout, time_left)
-        return _open(dataclasses.replace(config, connect_timeout=timeout), observer)
-
     limit = config.join_timeout if config.join_timeout is not None else budget_s
-    return keep_trying(attempt, limit_s=limit, stopped=stopped)
+    return _open(config, False, lambda attempt: keep_trying(attempt, limit_s=limit, stopped=stopped))
 
 
-def _open(config: DiscoveryConfig, observer: bool) -> Membership:
-    """One attempt with the back-end `config` picks (see `open_membership`)."""
+def _open(config: DiscoveryConfig, observer: bool, patiently: Patiently | None) -> Membership:
+    """The membership of the back-end `config` picks (see `open_membership`); `patiently` repeats
+    the tries of an island's bootstrap nodes."""
     if choose_backend(config) == "dht":
         from p2p_diloco.discovery import dht
 
         try:
-            return dht.DhtMembership(config, observer=observer)
+            return dht.DhtMembership(config, observer=observer, patiently=patiently)
         except dht.DaemonUnavailable as e:
             if config.discovery != "auto":
                 raise DiscoveryError(f"the libp2p daemon could not start: {e}") from e
             logger.warning("the libp2p daemon could not start (%s); using the ZeroMQ fallback for discovery", e)
     from p2p_diloco.discovery import peer_exchange
 
-    return peer_exchange.ZmqMembership(config, observer=observer)
+    if patiently is None:
+        return peer_exchange.ZmqMembership(config, observer=observer)
+
+    def attempt(time_left: float | None) -> Membership:
+        timeout = config.connect_timeout if time_left is None else min(config.connect_timeout, time_left)
+        return peer_exchange.ZmqMembership(dataclasses.replace(config, connect_timeout=timeout))
+
+    return patiently(attempt)

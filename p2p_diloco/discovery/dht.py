@@ -22,12 +22,14 @@ never a node's whole copy. hivemind's internals are reached only through `hivemi
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import socket
 import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
+from functools import partial
 from typing import Any
 
 import hivemind
@@ -45,6 +47,7 @@ from p2p_diloco import addresses
 from p2p_diloco.config import DiscoveryConfig
 from p2p_diloco.discovery import hivemind_compat as compat
 from p2p_diloco.discovery.membership import BackgroundMembership
+from p2p_diloco.discovery.patience import Patiently
 from p2p_diloco.discovery.records import IslandRecord, fingerprint
 from p2p_diloco.discovery.sealing import HIDDEN, RecordSeal, SealRefused, check_sealed, is_sealed
 from p2p_diloco.errors import BootstrapUnanswered, DiscoveryError
@@ -61,6 +64,8 @@ GET_TIMEOUT = 15.0
 """A DHT read or store that has not finished after this long is given up."""
 DHT_ALIVE_CHECK_S = 0.1
 """While waiting on the DHT process, check this often that it still runs."""
+GRACE_S = 5.0
+"""A try of the bootstrap nodes that has not come back this long after its own timeout is over."""
 _UNREACHABLE_MARKERS = ("failed to connect to bootstrap peers", "none of the initial_peers responded")
 
 
@@ -196,6 +201,29 @@ async def _reconnect(_dht: hivemind.DHT, node: Any, maddrs: list[str]) -> int:
     return found
 
 
+async def _join_through(_dht: hivemind.DHT, node: Any, maddrs: list[str], timeout: float) -> int:
+    """hivemind's own bootstrap, through a node that is already up: dial and ping the bootstrap nodes
+    (all at once), then, if one answered, look up this node's own id, which fills its routing table
+    with its neighbours; the number that answered within `timeout` s."""
+    started = time.monotonic()
+
+    async def reach(maddr: str) -> bool:
+        peer_id = PeerID.from_base58(Multiaddr(maddr)["p2p"])
+        return await compat.dial(node, peer_id, [dial_address(maddr)]) and await compat.ping(node, peer_id)
+
+    tries = [asyncio.ensure_future(reach(m)) for m in maddrs]
+    done, pending = await asyncio.wait(tries, timeout=timeout)
+    for t in pending:
+        t.cancel()
+    found = sum(1 for t in done if not t.cancelled() and t.exception() is None and t.result())
+    if found:
+        lookup = asyncio.ensure_future(node.find_nearest_nodes([node.node_id]))
+        _, late = await asyncio.wait([lookup], timeout=max(timeout - (time.monotonic() - started), 1.0))
+        for t in late:  # the neighbours a late lookup would add, the background reads find too
+            t.cancel()
+    return found
+
+
 async def _routing_peers(_dht: hivemind.DHT, node: Any) -> list[str]:
     return sorted(str(p) for p in compat.routing_table_peers(node))
 
@@ -216,7 +244,10 @@ class DhtMembership(BackgroundMembership):
 
     kind = "dht"
 
-    def __init__(self, config: DiscoveryConfig, *, observer: bool = False) -> None:
+    def __init__(self, config: DiscoveryConfig, *, observer: bool = False, patiently: Patiently | None = None) -> None:
+        """`patiently`: how an island keeps trying its bootstrap nodes (`patience.keep_trying`); with it
+        the DHT node starts once, alone, and every try goes through it. Without it (an observer), one
+        try of `connect_timeout` s, as the node starts."""
         compat.check()
         super().__init__(config, observer)
         self._key = islands_key(config.run_id)
@@ -228,9 +259,16 @@ class DhtMembership(BackgroundMembership):
         self._maddrs = addresses.dht_multiaddrs(config.bootstrap)
         if observer and not self._maddrs:
             raise DiscoveryError("watching a run needs at least one bootstrap multiaddr")
-        self.dht = start_dht(initial_peers=self._maddrs, host=config.host, port=config.port, timeout=config.connect_timeout,
-                             announce_host=config.announce_host, validators=validators,
+        joins_later = patiently is not None and bool(self._maddrs)
+        self.dht = start_dht(initial_peers=[] if joins_later else self._maddrs, host=config.host, port=config.port,
+                             timeout=config.connect_timeout, announce_host=config.announce_host, validators=validators,
                              client_mode=observer or config.outbound_only)  # outbound-only: serves no DHT requests
+        if joins_later:
+            try:
+                patiently(self._try_bootstrap)
+            except BaseException:
+                self.dht.shutdown()
+                raise
         self.libp2p_peer_id = str(self.dht.peer_id)
         """The DHT node's libp2p id (not the island's peer id, which is the fingerprint of its record key)."""
         # asked now, because from here on only the background thread talks to the DHT process
@@ -242,6 +280,19 @@ class DhtMembership(BackgroundMembership):
         expiration), the newest seen."""
         self._start("dht-membership")
         logger.info("joined run %r over the DHT as %s (observer=%s)", config.run_id, self._peer_id, observer)
+
+    def _try_bootstrap(self, time_left: float | None) -> int:
+        """One try of the bootstrap nodes through this island's DHT node (`_join_through`):
+        `BootstrapUnanswered` when none answered within `connect_timeout` (or `time_left`) s."""
+        timeout = self.config.connect_timeout if time_left is None else min(self.config.connect_timeout, time_left)
+        future = self.dht.run_coroutine(partial(_join_through, maddrs=self._maddrs, timeout=timeout), return_future=True)
+        try:
+            found = future.result(timeout=timeout + GRACE_S)
+        except FutureTimeout:
+            found = 0
+        if not found:
+            raise BootstrapUnanswered(f"no bootstrap node answered within {timeout:g} s (tried {', '.join(self._maddrs)})")
+        return found
 
     @property
     def peer_id(self) -> str:
@@ -376,6 +427,4 @@ class DhtMembership(BackgroundMembership):
 
 
 def _reconnect_with(maddrs: list[str]) -> Any:
-    from functools import partial
-
     return partial(_reconnect, maddrs=list(maddrs))

@@ -14,13 +14,15 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from p2p_diloco.errors import BootstrapUnanswered, JoinStopped
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
+Patiently = Callable[[Callable[[float | None], Any]], Any]
+"""`keep_trying` with an island's limits bound: how it repeats a try of its bootstrap nodes."""
 FIRST_PAUSE_S = 1.0
 """Pause after the first unanswered attempt (doubling after each one)."""
 MAX_PAUSE_S = 20.0

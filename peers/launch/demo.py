@@ -149,10 +149,11 @@ class Swarm:
         self.procs.append(p)
         return p
 
-    def start_bootstrap(self, timeout: float = 60.0) -> list[str]:
+    def start_bootstrap(self, timeout: float = 60.0, *args: str) -> list[str]:
+        """Start the bootstrap node (with `args`, more of its options) and return its addresses."""
         addr_file = self.workdir / "bootstrap.addr"
         self._spawn(_cli("bootstrap", "--port", "0", "--identity", str(self.workdir / "bootstrap.key"),
-                         "--addr-file", str(addr_file)), "bootstrap.log")
+                         "--addr-file", str(addr_file), *args), "bootstrap.log")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if addr_file.exists() and addr_file.read_text().strip():

@@ -1,6 +1,6 @@
 """Drives a real swarm for the discovery tests: a bootstrap process and member processes.
 
-`Member` reads a `discovery_member.py` process's JSON lines on a thread and keeps its events, so a
+`Member` reads a `p2p_diloco.bench.lightmember` process's JSON lines on a thread and keeps its events, so a
 test can wait for a view and measure, from the members' own timestamps, how long it took.
 `Bootstrap` runs `p2p-diloco bootstrap` and reads the addresses it writes to `--addr-file`.
 """
@@ -19,10 +19,9 @@ import threading
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
 GROUP_EXIT_S = 5.0
 """A member stopped together with its process group exits within this (it leaves without a tombstone)."""
-MEMBER = str(HERE / "discovery_member.py")
+MEMBER = ("-m", "p2p_diloco.bench.lightmember")
 
 
 def wait_until(cond, timeout: float, what: str, step: float = 0.05):
@@ -38,7 +37,7 @@ def wait_until(cond, timeout: float, what: str, step: float = 0.05):
 class Member:
     def __init__(self, procs, tmp: Path, index: int, bootstrap: list[str], discovery: str, run_id: str,
                  expiry: float, refresh: float, poll: float, endpoint_port: int, secret: str | None = None) -> None:
-        args = [MEMBER, "--run-id", run_id, "--discovery", discovery, "--expiry", str(expiry), "--refresh", str(refresh),
+        args = [*MEMBER, "--run-id", run_id, "--discovery", discovery, "--expiry", str(expiry), "--refresh", str(refresh),
                 "--poll", str(poll), "--endpoint-port", str(endpoint_port), "--bump", "2"]
         for b in bootstrap:
             args += ["--bootstrap", b]

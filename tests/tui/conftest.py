@@ -1,7 +1,7 @@
 """Fixtures of the dashboard tests: a live swarm on 127.0.0.1 and a helper to wait on a running app.
 
 `LiveSwarm` is a bootstrap process plus island processes. Islands are started by `ISLAND`, which
-today runs `tests/integration/discovery_member.py` (a real discovery member whose record's version
+today runs `p2p_diloco.bench.lightmember` (a real discovery member whose record's version
 grows every few seconds). To watch real training islands instead, point `ISLAND` at a function
 with the same signature that starts `p2p-diloco join` and returns an object with `.proc` (the
 Popen) and `.peer_id` (available once the island has announced itself) -- one line to change.

@@ -1,4 +1,5 @@
-"""A light island for the discovery tests: it only announces and watches, it does not train.
+"""A light island for the discovery tests and `bench discovery`: it only announces and watches, it
+does not train (`python -m p2p_diloco.bench.lightmember`).
 
 It joins a run, announces a record whose version grows every `--bump` seconds, and prints one JSON
 object per line on stdout:
@@ -43,12 +44,13 @@ def main() -> int:
     p.add_argument("--poll", type=float, default=1.0)
     p.add_argument("--endpoint-port", type=int, required=True)
     p.add_argument("--bump", type=float, default=1.0, help="seconds between version increments")
+    p.add_argument("--connect-timeout", type=float, default=20.0, help="seconds a try of the bootstrap nodes waits")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
 
     started = time.time()
     config = DiscoveryConfig(run_id=args.run_id, bootstrap=tuple(args.bootstrap), discovery=args.discovery,
-                             expiry=args.expiry, refresh=args.refresh, poll=args.poll, connect_timeout=20.0,
+                             expiry=args.expiry, refresh=args.refresh, poll=args.poll, connect_timeout=args.connect_timeout,
                              secret=os.environ.get("P2P_DILOCO_SECRET") or None)
     membership = open_membership(config)
     stop = threading.Event()

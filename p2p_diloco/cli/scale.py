@@ -1,0 +1,36 @@
+"""`p2p-diloco bench discovery`: the swarm at size (`bench.discovery`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from p2p_diloco.bench.discovery import KINDS
+
+
+@click.command("discovery")
+@click.option("--members", type=click.IntRange(2, 256), default=32, show_default=True,
+              help="Member processes joining one bootstrap node at once (each announces and watches; none trains).")
+@click.option("--kind", type=click.Choice(KINDS), default="dht", show_default=True,
+              help="dht: the hivemind DHT (the default discovery); zmq: the ZeroMQ rendezvous and peer exchange.")
+@click.option("--deadline", type=click.FloatRange(min=1), default=300.0, show_default=True,
+              help="Seconds from the spawn after which the members that have not seen all count as not done.")
+@click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the logs here.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def bench_discovery(members, kind, deadline, workdir, as_json) -> None:
+    """Discovery at size: each member's time until it saw every other, its start and its memory; the
+    bootstrap node's peers and CPU."""
+    from p2p_diloco.bench.discovery import run_bench_discovery, table
+
+    try:
+        out = run_bench_discovery(members, kind, deadline, Path(workdir) if workdir else None,
+                                  log=lambda msg: click.echo(msg, err=True))
+    except RuntimeError as e:  # the bootstrap node did not start: its log is named
+        raise click.ClickException(str(e)) from e
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    for line in table(out):
+        click.echo(line)
