@@ -183,7 +183,7 @@ class SwarmIsland(IslandReports):
         self._started = True
         self.inbox.door = Door(self.identity, self.membership.members, self.chooser.shunned,
                                self.gossip.measured)
-        if not self.source.wait_for(self.cfg.wait_for, self.cfg.join_timeout_s) and not self._stop_asked:
+        if not self.source.wait_for(self.cfg.wait_for, self.cfg.join_timeout_s, training=True) and not self._stop_asked:
             log.warning("fewer than %d islands after %.0f s; starting anyway", self.cfg.wait_for, self.cfg.join_timeout_s)
         self._t0 = self._returned_at = time.monotonic()
         self.timebook.startup_s = self._t0 - self._built
@@ -200,6 +200,8 @@ class SwarmIsland(IslandReports):
         `STALE_LAG`: a checkpoint the swarm has left that far behind would see every partner's
         state refused as too far until a catch-up landed, so it joins as a newcomer does, keeping
         its inner optimizer and data position."""
+        # announced as joining (a record nobody fetches from), islands started together see each other at once
+        self.membership.announce(self.record())
         self.source.wait_for(2, min(DISCOVERY_SETTLE_S, self.cfg.join_timeout_s))  # who is there?
         if (others := self.source.freshest()) and others[0].version >= self.version + lead:
             self.state = "syncing"

@@ -64,11 +64,14 @@ class StateSource:
         self.identity, self.outer, self.membership, self.stopped = identity, outer, membership, stopped
         self.network, self.secret, self.relay = network, secret, relay
 
-    def wait_for(self, count: int, timeout: float) -> bool:
+    def wait_for(self, count: int, timeout: float, *, training: bool = False) -> bool:
         """Wait until discovery shows `count` islands, this one included (at most `timeout` s, or
-        until the island is stopped); True if it did."""
+        until the island is stopped); True if it did. `training`: count only the others that train
+        (or sync), not those still joining."""
         deadline = time.monotonic() + timeout
-        while len(self.membership.members()) < count:
+        me = self.identity.peer_id
+        while sum(p == me or not training or r.state in ("training", "syncing")
+                  for p, r in self.membership.members().items()) < count:
             if self.stopped() or time.monotonic() >= deadline:
                 return False
             time.sleep(0.1)
