@@ -53,12 +53,14 @@ def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.to
                     bandwidth_mbps: float | tuple[float, ...] | None = SimConfig.bandwidth_mbps,
                     compression: str = SimConfig.compression, local_steps: int = DiLoCoConfig.local_steps,
                     workdir: Path | None = None, runs: int = 1, momentum: str = DiLoCoConfig.momentum,
-                    exchange: str = DiLoCoConfig.exchange, update_codec: str = DiLoCoConfig.update_codec) -> dict:
+                    exchange: str = DiLoCoConfig.exchange, update_codec: str = DiLoCoConfig.update_codec,
+                    eval_batches: int = SimConfig.eval_batches) -> dict:
     """Run the swarm `runs` times (runs of the same code differ by which partner each island draws
     and when each state lands), then the two simulations once; losses are means over the runs.
     With `exchange="updates"` the simulation's partners are a ring too, as the islands'. With one
     rate per island (`bandwidth_mbps`), each is that island's uplink, as `bench member` emulates it;
-    the simulation gives its islands those uploads and downloads as fast as the fastest uplink."""
+    the simulation gives its islands those uploads and downloads as fast as the fastest uplink.
+    `eval_batches`: held-out batches the simulations and the swarm's checkpoints are evaluated on."""
     from p2p_diloco.config import ModelConfig, TrainConfig
     from p2p_diloco.core.data import load_corpus
     from p2p_diloco.sim.simulator import Simulation
@@ -81,7 +83,7 @@ def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.to
     uplinks = bandwidth_mbps if isinstance(bandwidth_mbps, tuple) else None
     sim = SimConfig(islands=islands, methods=("gossip", "dp"), tokens=total, latency_ms=latency_ms,
                     bandwidth_mbps=max(uplinks) if uplinks else bandwidth_mbps or 1e6, upload_mbps=uplinks,
-                    compression=compression, step_seconds=step_s)
+                    compression=compression, step_seconds=step_s, eval_batches=eval_batches)
     diloco = DiLoCoConfig(local_steps=local_steps, momentum=momentum, exchange=exchange, update_codec=update_codec)
     simulation = Simulation(sim, ModelConfig(), train, diloco, load_corpus())
     gossip, dp = simulation.run("gossip"), simulation.run("dp")

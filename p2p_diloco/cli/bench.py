@@ -74,10 +74,12 @@ def bench_transport(params, compression, latency_ms, bandwidth_mbps, repeat, raw
               show_default=True, help="Codec of the updates (as `join`'s [diloco] update_codec).")
 @click.option("--runs", type=click.IntRange(1, 20), default=1, show_default=True,
               help="Run the swarm this many times and report the mean loss (the simulations run once).")
+@click.option("--eval-batches", type=click.IntRange(min=1), default=SimConfig.eval_batches, show_default=True,
+              help="Held-out batches every loss is evaluated on (the simulations' and the swarm's checkpoints').")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the islands' files here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_steps, momentum, exchange,
-                update_codec, runs, workdir, as_json) -> None:
+                update_codec, runs, eval_batches, workdir, as_json) -> None:
     """Real islands on loopback over an emulated WAN, against the simulator and data parallel."""
     from p2p_diloco.bench.swarm import run_bench_swarm
 
@@ -86,7 +88,7 @@ def bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_
                                  param_hint="--bandwidth-mbps")
     bandwidth_mbps = bandwidth_mbps[0] if len(bandwidth_mbps) == 1 else bandwidth_mbps
     out = run_bench_swarm(islands, tokens, latency_ms, bandwidth_mbps, compression, local_steps,
-                          Path(workdir) if workdir else None, runs, momentum, exchange, update_codec)
+                          Path(workdir) if workdir else None, runs, momentum, exchange, update_codec, eval_batches)
     if as_json:
         click.echo(json.dumps(out))
         return

@@ -15,9 +15,11 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def test_bench_swarm_repeats_the_swarm_and_averages_its_runs(procs, tmp_path):
-    # 2 islands x 2 rounds of 5 steps per run: small enough for CI, the same code path as the benchmark
+    # 2 islands x 2 rounds of 5 steps per run, evaluated on 4 batches: small enough for CI, the same code
+    # path as the benchmark
     proc = procs.python("-m", "p2p_diloco", "bench", "swarm", "--islands", "2", "--tokens", "40960", "-H", "5",
-                        "--runs", "2", "--workdir", str(tmp_path), "--json", stdout=subprocess.PIPE, text=True)
+                        "--runs", "2", "--eval-batches", "4", "--workdir", str(tmp_path), "--json",
+                        stdout=subprocess.PIPE, text=True)
     stdout, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0
     out = json.loads(stdout.strip().splitlines()[-1])
