@@ -177,7 +177,7 @@ def table(out: dict) -> list[str]:
             f"({out['saw_all']} of {out['members']} did; median view at the end {out['median_seen_at_end']:g})",
             f"  slowest member's start:     {out['slowest_start_s']:.1f} s" if out["slowest_start_s"] is not None
             else "  slowest member's start:     none started",
-            f"  memory per member (PSS):    {mb / 2**20:.0f} MB" if mb else "  memory per member:          not measured",
+            f"  memory per member (PSS):    {mb / 2**20:.0f} MiB" if mb else "  memory per member:          not measured",
             f"  bootstrap node:             {out['bootstrap']['peers_joined']} peers joined, "
             f"{out['bootstrap']['cpu_s']:.1f} CPU s",
             f"  members that died:          {out['died']}"]

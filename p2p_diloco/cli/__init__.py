@@ -6,7 +6,8 @@ Heavy imports (torch, hivemind, zmq, textual) happen inside command bodies so th
 
 Commands: `simulate` (simulate.py), `bootstrap` (bootstrap.py), `join` (join.py), `status` and
 `dashboard` (watch.py), `demo` (demo.py), `doctor` (doctor.py), `prepare` and `bench prepare` (prepare.py),
-`export` and `generate` (export.py), `bench transport|swarm|round|attack|gpu` (bench.py), `bench discovery` (scale.py); shared options in options.py. This module holds the root group: logging and
+`export` and `generate` (export.py), `bench transport|swarm|round|attack|gpu` (bench.py), `bench discovery` (scale.py),
+`bench reference` and `bench keep` (reference.py); shared options in options.py. This module holds the root group: logging and
 `--config FILE` (read by `config_file.py`).
 """
 
@@ -18,7 +19,7 @@ import sys
 import click
 
 from p2p_diloco import __version__
-from p2p_diloco.cli import bench, bootstrap, demo, doctor, export, join, prepare, scale, simulate, watch
+from p2p_diloco.cli import bench, bootstrap, demo, doctor, export, join, prepare, reference, scale, simulate, watch
 from p2p_diloco.cli.config_file import ADVANCED, default_map, load_toml
 from p2p_diloco.errors import ConfigError
 
@@ -54,3 +55,5 @@ for _command in (simulate.simulate, bootstrap.bootstrap, watch.status, watch.das
     main.add_command(_command)
 bench.bench.add_command(prepare.bench_prepare)
 bench.bench.add_command(scale.bench_discovery)
+bench.bench.add_command(reference.bench_reference)
+bench.bench.add_command(reference.bench_keep)
