@@ -10,7 +10,7 @@ import click
 from p2p_diloco.bench.links import SCENARIOS as LINK_SCENARIOS
 from p2p_diloco.bench.round import DEFAULT_PARAMS, GPT2_VOCAB
 from p2p_diloco.cli.join import join, run_join
-from p2p_diloco.cli.options import codec_option, csv, device_spec, user_errors
+from p2p_diloco.cli.options import codec_option, csv, device_spec, echo_result, user_errors
 from p2p_diloco.choices import HONEST_MEMBERS, POISONS
 from p2p_diloco.config import (
     EXCHANGES, MODEL_PRESETS, MOMENTUM_MODES, PRECISIONS, UPDATE_CODECS, WIRE_CODECS, DiLoCoConfig, TrainConfig
@@ -256,11 +256,7 @@ def bench_links(scenarios, islands, tokens, runs, workdir, as_json) -> None:
                                   log=lambda msg: click.echo(msg, err=True))
         except RuntimeError as e:  # the bootstrap node did not start: its log is named
             raise click.ClickException(str(e)) from e
-    if as_json:
-        click.echo(json.dumps(out))
-        return
-    for line in table(out):
-        click.echo(line)
+    echo_result(out, as_json, table)
 
 
 @bench.command("gpu")

@@ -15,6 +15,7 @@ which `ps` shows to every user of the machine.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import stat
@@ -63,6 +64,15 @@ def user_errors() -> Iterator[None]:
         raise BadSetting(str(e)) from e
     except P2PDiLoCoError as e:
         raise click.ClickException(str(e)) from e
+
+
+def echo_result(out: dict, as_json: bool, table: Callable[[dict], list[str]]) -> None:
+    """A bench's result: one JSON object, or the lines of its `table`."""
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    for line in table(out):
+        click.echo(line)
 
 
 class GroupedCommand(click.Command):

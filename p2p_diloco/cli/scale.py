@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
 from p2p_diloco.bench.discovery import KINDS
+from p2p_diloco.cli.options import echo_result
 
 
 @click.command("discovery")
@@ -29,8 +29,4 @@ def bench_discovery(members, kind, deadline, workdir, as_json) -> None:
                                   log=lambda msg: click.echo(msg, err=True))
     except RuntimeError as e:  # the bootstrap node did not start: its log is named
         raise click.ClickException(str(e)) from e
-    if as_json:
-        click.echo(json.dumps(out))
-        return
-    for line in table(out):
-        click.echo(line)
+    echo_result(out, as_json, table)
