@@ -52,7 +52,8 @@ def keep_trying(attempt: Callable[[float | None], T], *, limit_s: float | None, 
         except BootstrapUnanswered as e:
             tries, elapsed, last = tries + 1, time.monotonic() - start, e
         if note_at is None:
-            bound = f"for at most {limit_s:g} s" if limit_s is not None else "until one does ([discovery] join_timeout bounds this)"
+            bound = (f"for at most {limit_s:g} s" if limit_s is not None
+                     else "until one does ([discovery] join_timeout bounds this)")
             logger.warning("%s; trying again, with pauses, %s", last, bound)
             note_at = 2 * max(elapsed, FIRST_NOTE_S)
         elif elapsed >= note_at:
