@@ -83,8 +83,8 @@ def _trackers(_ctx, param, value) -> tuple[str, ...]:
 @click.option("--max-seconds", type=float, default=I.max_seconds, help="Stop after this many seconds of training.")
 @click.option("--resume", is_flag=True, default=I.resume, help="Continue from the last checkpoint in --run-dir.")
 @click.option("--fresh", is_flag=True, default=I.fresh,
-              help="Start afresh in a --run-dir that holds an earlier run's checkpoints: they move aside into "
-                   "RUN_DIR/previous-<time>/ (without --resume or --fresh such a directory is an error).")
+              help="Start afresh in a --run-dir that holds an earlier run's checkpoints, moving them aside into "
+                   "RUN_DIR/previous-<time>/ (a run directory with checkpoints needs this flag or --resume).")
 @click.option("--wait-for", type=click.IntRange(min=1), default=I.wait_for, show_default=True,
               help=f"Before the first round, wait (up to {I.join_timeout_s:g} s) until this many islands, this one "
                    "included, are in the run.")
