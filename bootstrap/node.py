@@ -89,16 +89,16 @@ class BootstrapNode:
         fresh = not self.identity.exists()
         dht_port = self.port
         if self.discovery in ("auto", "dht"):  # (hivemind, and torch with it, only for a DHT node)
-            from p2p_diloco.discovery import dht, hivemind_compat
+            from p2p_diloco.discovery import dht, dhtnode, hivemind_compat
 
             hivemind_compat.check()
             try:
-                self.dht = dht.start_dht(
+                self.dht = dhtnode.start_dht(
                     initial_peers=[], host=self.host, port=self.port, timeout=self.start_timeout,
                     announce_host=self.announce_host, identity_path=str(self.identity),
                     validators=[dht.RSASignatureValidator()],  # signatures only: runs are not known here
                 )
-            except dht.DaemonUnavailable as e:
+            except dhtnode.DaemonUnavailable as e:
                 if self.discovery == "dht":
                     raise DiscoveryError(f"the libp2p daemon could not start: {e}") from e
                 logger.warning("the libp2p daemon could not start (%s); serving the ZeroMQ rendezvous only", e)
@@ -145,7 +145,7 @@ class BootstrapNode:
 
     def run_until(self, stop: threading.Event) -> None:
         """Log peers coming and going until `stop` is set."""
-        from p2p_diloco.discovery import dht, hivemind_compat
+        from p2p_diloco.discovery import dhtnode, hivemind_compat
 
         known: set[str] = set()
         watching = True
@@ -153,7 +153,7 @@ class BootstrapNode:
             if self.dht is None or not watching:
                 continue
             try:
-                now = set(dht.routing_peers(self.dht))
+                now = set(dhtnode.routing_peers(self.dht))
             except hivemind_compat.HivemindIncompatible as e:  # the DHT serves on; only the log of peers stops
                 logger.warning("no longer logging DHT peers: %s", e)
                 watching = False

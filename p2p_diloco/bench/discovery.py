@@ -66,6 +66,11 @@ def run_bench_discovery(members: int, kind: str, deadline_s: float = 300.0, work
 class _Members(Swarm):
     """The bootstrap node and the members as child processes (each in its own session), reaped by `stop`."""
 
+    def __init__(self, workdir: Path) -> None:
+        super().__init__(workdir)
+        self._seen: dict[int, tuple[list[dict], int]] = {}
+        """Per member: its events read so far, and how far into its file they reach."""
+
     def member(self, k: int, entry: str, kind: str):
         """Member `k`, joining through `entry` with an island's discovery settings; its events go to
         `member-k.jsonl`."""
@@ -77,12 +82,14 @@ class _Members(Swarm):
                            f"member-{k}.log", stdout=open(self.workdir / f"member-{k}.jsonl", "w"))
 
     def _events(self, k: int) -> list[dict]:
-        events = []
-        for line in (self.workdir / f"member-{k}.jsonl").read_text().splitlines():
-            try:
-                events.append(json.loads(line))
-            except ValueError:  # a line the member is still writing
-                continue
+        """Member `k`'s events so far: the lines of `member-k.jsonl` it has finished, each read once."""
+        events, start = self._seen.setdefault(k, ([], 0))
+        with open(self.workdir / f"member-{k}.jsonl", "rb") as f:
+            f.seek(start)
+            data = f.read()
+        done = data.rfind(b"\n") + 1  # (a line still being written waits for the next read)
+        events += [json.loads(line) for line in data[:done].splitlines() if line.strip()]
+        self._seen[k] = (events, start + done)
         return events
 
     def _first(self, events: list[dict], what: str, pred=lambda e: True) -> dict | None:
@@ -97,7 +104,8 @@ class _Members(Swarm):
             events = [self._events(k) for k in range(n)]
             ready = [self._first(e, "ready") for e in events]
             if memory is None and all(ready):
-                memory = [_tree_pss(p.pid) for p in procs]  # all started: each one's tree at its size
+                tree = _children()
+                memory = [_tree_pss(p.pid, tree) for p in procs]  # all started: each one's tree at its size
                 ids = {r["peer_id"] for r in ready}
                 log(f"all {n} started after {max(r['t'] for r in ready) - t0:.1f} s")
             saw = [self._first(e, "view", lambda v: set(v["peers"]) >= ids) if ids else None for e in events]
@@ -123,8 +131,8 @@ def _joined(log_file: Path, kind: str) -> int:
     return len(set(JOINED[kind].findall(text)))
 
 
-def _tree(pid: int) -> list[int]:
-    """`pid` and its descendants, from /proc."""
+def _children() -> dict[int, list[int]]:
+    """Each live process's children, from /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -133,6 +141,12 @@ def _tree(pid: int) -> list[int]:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def _tree(pid: int, children: dict[int, list[int]] | None = None) -> list[int]:
+    """`pid` and its descendants (`children`: a map read before, else read now)."""
+    children = _children() if children is None else children
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -141,10 +155,10 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
-def _tree_pss(pid: int) -> int:
+def _tree_pss(pid: int, children: dict[int, list[int]]) -> int:
     """Proportional set size of `pid`'s process tree, in bytes (RSS where smaps_rollup is missing)."""
     total = 0
-    for p in _tree(pid):
+    for p in _tree(pid, children):
         try:
             text = Path(f"/proc/{p}/smaps_rollup").read_text()
             total += int(re.search(r"^Pss:\s+(\d+) kB", text, re.M).group(1)) * 1024

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import subprocess
 import time
 from dataclasses import dataclass
@@ -77,10 +78,6 @@ def _auto(out: dict) -> dict:
     return next(r for r in out["rows"] if r["exchange"] == "auto")
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
-
-
 CLAIMS: tuple[Claim, ...] = (
     Claim("quality against synchronous DiLoCo (swarm / simulator's gossip, 4 islands)", "swarm",
           lambda o: f"{o['ratio_to_sim_gossip']:.4f}", lambda o: _runs([r["ratio_to_sim_gossip"] for r in o["per_run"]]),
@@ -113,10 +110,10 @@ CLAIMS: tuple[Claim, ...] = (
           lambda o: f"{o['islands_vs_plain']:.2f}", lambda o: o["device"], "report", lambda o: None, "GPU check"),
     Claim("discovery at size: 32 members joining one bootstrap node over the DHT", "discovery-dht-32",
           lambda o: f"{o['saw_all']} of {o['members']} saw all", 
-          lambda o: f"started by {o['slowest_start_s']:.0f} s; {_mean(o['memory_bytes']) / 2**20:.0f} MiB each",
+          lambda o: f"started by {o['slowest_start_s']:.0f} s; {statistics.mean(o['memory_bytes']) / 2**20:.0f} MiB each",
           "64 members, each sees all within 120 s", lambda o: False, "Discovery at size"),
     Claim("discovery at size: 32 members over the ZeroMQ fallback", "discovery-zmq-32",
-          lambda o: f"all saw all in {o['all_saw_all_s']:.1f} s", lambda o: f"{_mean(o['memory_bytes']) / 2**20:.0f} MiB each",
+          lambda o: f"all saw all in {o['all_saw_all_s']:.1f} s", lambda o: f"{statistics.mean(o['memory_bytes']) / 2**20:.0f} MiB each",
           "128 members as today or better", lambda o: None, "Discovery at size"),
 )
 
@@ -128,7 +125,8 @@ def rows(results_dir: Path) -> list[str]:
     for c in CLAIMS:
         path = results_dir / f"{c.result}.json"
         if not path.exists():
-            out.append(f"| {c.name} | not stored yet | | {c.target} | - | see \"{c.section}\" | | |")
+            out.append(f"| {c.name} | not stored yet | | {c.target} | - | "
+                       f"see \"{c.section}\" | | |")
             continue
         r = Result.load(path)
         met = c.met(r.output)

@@ -67,21 +67,22 @@ def _open(config: DiscoveryConfig, observer: bool, patiently: Patiently | None) 
     """The membership of the back-end `config` picks (see `open_membership`); `patiently` repeats
     the tries of an island's bootstrap nodes."""
     if choose_backend(config) == "dht":
-        from p2p_diloco.discovery import dht
+        from p2p_diloco.discovery import dht, dhtnode
 
         try:
             return dht.DhtMembership(config, observer=observer, patiently=patiently)
-        except dht.DaemonUnavailable as e:
+        except dhtnode.DaemonUnavailable as e:
             if config.discovery != "auto":
                 raise DiscoveryError(f"the libp2p daemon could not start: {e}") from e
             logger.warning("the libp2p daemon could not start (%s); using the ZeroMQ fallback for discovery", e)
     from p2p_diloco.discovery import peer_exchange
+    from p2p_diloco.discovery.patience import try_timeout
 
     if patiently is None:
         return peer_exchange.ZmqMembership(config, observer=observer)
 
     def attempt(time_left: float | None) -> Membership:
-        timeout = config.connect_timeout if time_left is None else min(config.connect_timeout, time_left)
+        timeout = try_timeout(config.connect_timeout, time_left)
         return peer_exchange.ZmqMembership(dataclasses.replace(config, connect_timeout=timeout))
 
     return patiently(attempt)

@@ -1,6 +1,7 @@
 """Membership over the hivemind DHT: signed, checked island records under one key per run.
 
-This is the only module of `p2p_diloco` that imports hivemind. It follows hivemind's
+With `dhtnode` (the node itself: starting it, joining through it), the only module of `p2p_diloco`
+that imports hivemind. It follows hivemind's
 `ProgressTracker`: every island stores its `IslandRecord` under `"{run_id}.islands"` with its RSA
 owner key as subkey and an expiration `expiry` seconds ahead, re-stores it every `refresh` seconds
 from a background thread, and stores `None` on a clean leave. Two validators guard the key on
@@ -22,57 +23,40 @@ never a node's whole copy. hivemind's internals are reached only through `hivemi
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
-import socket
 import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from functools import partial
 from typing import Any
 
-import hivemind
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
-from hivemind.p2p import PeerID
-from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.logging import use_hivemind_log_handler
-from hivemind.utils.multiaddr import Multiaddr
 
 from p2p_diloco import addresses
 from p2p_diloco.config import DiscoveryConfig
 from p2p_diloco.discovery import hivemind_compat as compat
+from p2p_diloco.discovery.dhtnode import reconnect_with, start_dht, try_bootstrap
 from p2p_diloco.discovery.membership import BackgroundMembership
 from p2p_diloco.discovery.patience import Patiently
 from p2p_diloco.discovery.records import IslandRecord, fingerprint
 from p2p_diloco.discovery.sealing import HIDDEN, RecordSeal, SealRefused, check_sealed, is_sealed
-from p2p_diloco.errors import BootstrapUnanswered, DiscoveryError
+from p2p_diloco.errors import DiscoveryError
 
 logger = logging.getLogger(__name__)
 use_hivemind_log_handler("nowhere")  # hivemind logs go to the root logger, so -v governs them too
 
 MIN_STORE_GAP = 0.5
 """Seconds between two stores caused by `announce` (a burst of announces is coalesced)."""
-DHT_REPLICAS = 20
-"""Nodes asked to store each record (hivemind's default is 5). In a swarm of up to this many nodes every
-node holds every record, so the frequent poll is a local read and a tombstone is seen at the next one."""
 GET_TIMEOUT = 15.0
 """A DHT read or store that has not finished after this long is given up."""
 DHT_ALIVE_CHECK_S = 0.1
 """While waiting on the DHT process, check this often that it still runs."""
-GRACE_S = 5.0
-"""A try of the bootstrap nodes that has not come back this long after its own timeout is over."""
-_UNREACHABLE_MARKERS = ("failed to connect to bootstrap peers", "none of the initial_peers responded")
-
-
-class DaemonUnavailable(Exception):
-    """The libp2p daemon could not start on this machine (not: the bootstrap did not answer)."""
-
-
 def islands_key(run_id: str) -> str:
     """The DHT key that holds one run's island records."""
     return f"{run_id}.islands"
@@ -132,107 +116,6 @@ def make_validators(run_id: str, private_key: RSAPrivateKey | None = None) -> li
     return [IslandRecordValidator(run_id), RSASignatureValidator(private_key)]
 
 
-def _host_maddr(host: str, port: int) -> str:
-    return f"/{'ip6' if ':' in host else 'ip4'}/{host}/tcp/{port}"
-
-
-def start_dht(*, initial_peers: list[str], host: str, port: int, timeout: float, announce_host: str | None = None,
-              validators: list | None = None, client_mode: bool = False, identity_path: str | None = None) -> hivemind.DHT:
-    """Start a hivemind DHT process; `DiscoveryError` if no initial peer answers, `DaemonUnavailable` if libp2p fails."""
-    kwargs: dict[str, Any] = dict(host_maddrs=[_host_maddr(host, port)], client_mode=client_mode,
-                                  identity_path=identity_path, num_replicas=DHT_REPLICAS)
-    if announce_host:
-        if port == 0:  # the announced address needs the port before the daemon picks one
-            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-                probe.bind((host, 0))
-                port = probe.getsockname()[1]
-            kwargs["host_maddrs"] = [_host_maddr(host, port)]
-        kwargs["announce_maddrs"] = [_host_maddr(announce_host, port)]
-    dht = hivemind.DHT(initial_peers=initial_peers or None, start=False, record_validators=validators or (), **kwargs)
-    # The terminal's Ctrl+C reaches the whole foreground process group; the DHT process must not
-    # die of it, since its owner may still need it to withdraw its record (the owner stops it with
-    # `shutdown()`). hivemind ignores SIGINT in the process only once its loop runs, so it is also
-    # ignored while the process is forked, which it inherits (only the main thread may set
-    # handlers). SIGHUP stays: after a hangup an owner that does not handle it dies at once, and a
-    # DHT process that survived it would run on forever. p2pd, which the DHT process starts once
-    # hivemind ignores SIGINT, inherits that, but may turn SIGINT back on: this does not decide it.
-    import signal  # local: the only place in this module that deals with signals
-
-    shield = threading.current_thread() is threading.main_thread()
-    try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if shield else None
-        try:
-            dht.start()
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
-        dht.wait_until_ready(timeout)
-    except FutureTimeout as e:
-        dht.shutdown()
-        raise BootstrapUnanswered(f"no bootstrap node answered within {timeout:g} s (tried {', '.join(initial_peers)})") from e
-    except (P2PDaemonError, RuntimeError, OSError) as e:
-        dht.shutdown()
-        if any(marker in str(e) for marker in _UNREACHABLE_MARKERS):
-            raise BootstrapUnanswered(f"none of the bootstrap nodes answered (tried {', '.join(initial_peers)}): {e}") from e
-        raise DaemonUnavailable(f"{type(e).__name__}: {str(e).strip()[:300]}") from e
-    except BaseException:  # a signal or a crash while it starts: the process must not outlive its owner
-        dht.shutdown()
-        raise
-    return dht
-
-
-def dial_address(maddr: str) -> Multiaddr:
-    """`/ip4/H/tcp/P/p2p/ID` -> `/ip4/H/tcp/P` (the daemon's connect wants the address without the id)."""
-    m = Multiaddr(maddr)
-    return m.decapsulate(Multiaddr(f"/p2p/{m['p2p']}"))
-
-
-async def _reconnect(_dht: hivemind.DHT, node: Any, maddrs: list[str]) -> int:
-    """Ping the bootstrap peers; one that restarted learns about us again and answers lookups."""
-    found = 0
-    for maddr in maddrs:
-        peer_id = PeerID.from_base58(Multiaddr(maddr)["p2p"])
-        if not await compat.ping(node, peer_id):
-            # the old connection may be stale: dial the known address, then try once more
-            if not await compat.dial(node, peer_id, [dial_address(maddr)]) or not await compat.ping(node, peer_id):
-                logger.debug("bootstrap %s unreachable", maddr)
-                continue
-        found += 1
-    return found
-
-
-async def _join_through(_dht: hivemind.DHT, node: Any, maddrs: list[str], timeout: float) -> int:
-    """hivemind's own bootstrap, through a node that is already up: dial and ping the bootstrap nodes
-    (all at once), then, if one answered, look up this node's own id, which fills its routing table
-    with its neighbours; the number that answered within `timeout` s."""
-    started = time.monotonic()
-
-    async def reach(maddr: str) -> bool:
-        peer_id = PeerID.from_base58(Multiaddr(maddr)["p2p"])
-        return await compat.dial(node, peer_id, [dial_address(maddr)]) and await compat.ping(node, peer_id)
-
-    tries = [asyncio.ensure_future(reach(m)) for m in maddrs]
-    done, pending = await asyncio.wait(tries, timeout=timeout)
-    for t in pending:
-        t.cancel()
-    found = sum(1 for t in done if not t.cancelled() and t.exception() is None and t.result())
-    if found:
-        lookup = asyncio.ensure_future(node.find_nearest_nodes([node.node_id]))
-        _, late = await asyncio.wait([lookup], timeout=max(timeout - (time.monotonic() - started), 1.0))
-        for t in late:  # the neighbours a late lookup would add, the background reads find too
-            t.cancel()
-    return found
-
-
-async def _routing_peers(_dht: hivemind.DHT, node: Any) -> list[str]:
-    return sorted(str(p) for p in compat.routing_table_peers(node))
-
-
-def routing_peers(dht: hivemind.DHT) -> list[str]:
-    """Peer ids in a DHT node's routing table (the bootstrap node logs joins from this)."""
-    return dht.run_coroutine(_routing_peers)
-
-
 class DhtMembership(BackgroundMembership):
     """The membership of one run kept in a hivemind DHT (see the module docstring).
 
@@ -265,7 +148,7 @@ class DhtMembership(BackgroundMembership):
                              client_mode=observer or config.outbound_only)  # outbound-only: serves no DHT requests
         if joins_later:
             try:
-                patiently(self._try_bootstrap)
+                patiently(partial(try_bootstrap, self.dht, self._maddrs, config.connect_timeout))
             except BaseException:
                 self.dht.shutdown()
                 raise
@@ -280,19 +163,6 @@ class DhtMembership(BackgroundMembership):
         expiration), the newest seen."""
         self._start("dht-membership")
         logger.info("joined run %r over the DHT as %s (observer=%s)", config.run_id, self._peer_id, observer)
-
-    def _try_bootstrap(self, time_left: float | None) -> int:
-        """One try of the bootstrap nodes through this island's DHT node (`_join_through`):
-        `BootstrapUnanswered` when none answered within `connect_timeout` (or `time_left`) s."""
-        timeout = self.config.connect_timeout if time_left is None else min(self.config.connect_timeout, time_left)
-        future = self.dht.run_coroutine(partial(_join_through, maddrs=self._maddrs, timeout=timeout), return_future=True)
-        try:
-            found = future.result(timeout=timeout + GRACE_S)
-        except FutureTimeout:
-            found = 0
-        if not found:
-            raise BootstrapUnanswered(f"no bootstrap node answered within {timeout:g} s (tried {', '.join(self._maddrs)})")
-        return found
 
     @property
     def peer_id(self) -> str:
@@ -383,7 +253,7 @@ class DhtMembership(BackgroundMembership):
                     self._dirty = False
                 store, last_store = self._store(self._seal.wrap(record.to_dict())), now
             if self._maddrs and now - last_reconnect >= cfg.refresh and (reconnect is None or reconnect.done()):
-                reconnect = self._issue(self.dht.run_coroutine(_reconnect_with(self._maddrs), return_future=True))
+                reconnect = self._issue(self.dht.run_coroutine(reconnect_with(self._maddrs), return_future=True))
                 last_reconnect = now
             get = self._pending_get
             if get is not None and get[0].done():
@@ -424,7 +294,3 @@ class DhtMembership(BackgroundMembership):
             except Exception as e:
                 logger.info("%s failed: %s: %s", what, type(e).__name__, e)
                 return None
-
-
-def _reconnect_with(maddrs: list[str]) -> Any:
-    return partial(_reconnect, maddrs=list(maddrs))

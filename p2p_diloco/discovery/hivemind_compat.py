@@ -13,7 +13,7 @@ rename without notice. Every such access lives here, one small function each, so
   function and process, instead of vanishing into a debug line: a silent failure here would turn
   bootstrap reconnects off without anyone noticing.
 
-`dht.py` and `bootstrap/node.py` use hivemind's public API plus these functions, nothing else.
+`dht.py`, `dhtnode.py` and `bootstrap/node.py` use hivemind's public API plus these functions, nothing else.
 The functions that take `node` run inside the DHT process (through `DHT.run_coroutine`).
 """
 

@@ -35,6 +35,11 @@ STOP_POLL_S = 0.1
 """How often a pause checks `stopped()`."""
 
 
+def try_timeout(connect_timeout: float, time_left: float | None) -> float:
+    """How long one try waits: `connect_timeout`, cut to the `time_left` of the limit."""
+    return connect_timeout if time_left is None else min(connect_timeout, time_left)
+
+
 def keep_trying(attempt: Callable[[float | None], T], *, limit_s: float | None, stopped: Callable[[], bool],
                 rng: random.Random | None = None, first_pause_s: float = FIRST_PAUSE_S) -> T:
     """`attempt(time_left)` until it does not raise `BootstrapUnanswered` (see the module docstring).

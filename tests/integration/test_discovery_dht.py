@@ -26,7 +26,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from p2p_diloco.bootstrap import BootstrapNode
 
 from p2p_diloco.config import DiscoveryConfig
-from p2p_diloco.discovery import dht, hivemind_compat, open_membership
+from p2p_diloco.discovery import dht, dhtnode, hivemind_compat, open_membership
 from p2p_diloco.discovery.records import IslandRecord, fingerprint
 from p2p_diloco.errors import DiscoveryError
 
@@ -69,7 +69,7 @@ async def _store_at(_dht, node, target: str, maddrs: list[str], key: str, subkey
     key_id = DHTID.generate(source=key)
     rec = DHTRecord(key_id.to_bytes(), MSGPackSerializer.dumps(subkey), MSGPackSerializer.dumps(value), expiration)
     peer = PeerID.from_base58(target)
-    assert await hivemind_compat.dial(node, peer, [dht.dial_address(m) for m in maddrs])
+    assert await hivemind_compat.dial(node, peer, [dhtnode.dial_address(m) for m in maddrs])
     ok = await node.protocol.call_store(peer, [key_id], [signer.sign_value(rec)], [expiration], subkeys=[subkey])
     return None if ok is None else list(ok)  # a protobuf field does not cross the process boundary
 
@@ -89,7 +89,7 @@ def forged_cases(victim_subkey: bytes, victim: IslandRecord, own_subkey: bytes) 
 @pytest.mark.timeout(90)
 def test_forged_and_malformed_records_are_refused(swarm):
     boot, a, b, c, recs = swarm
-    mallory = dht.start_dht(initial_peers=boot.addresses[:1], host="127.0.0.1", port=0, timeout=20)
+    mallory = dhtnode.start_dht(initial_peers=boot.addresses[:1], host="127.0.0.1", port=0, timeout=20)
     try:
         targets = {"A": (a.libp2p_peer_id, a.visible_maddrs()), "B": (b.libp2p_peer_id, b.visible_maddrs()),
                    "bootstrap": (boot.peer_id, boot.multiaddrs)}
