@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -36,26 +35,18 @@ from p2p_diloco.core.params import fingerprint, weights_digest
 from p2p_diloco.core.spec import ModelSpec
 from p2p_diloco.discovery.records import island_label
 from p2p_diloco.exchange.linkemu import EmulatedLink
-from p2p_diloco.peers.rounds.alone import AloneWatch
 from p2p_diloco.peers.torchrun.distributed import CARRY_ON, NEW_ROUND, STOP, SYNC, IntraIsland
-from p2p_diloco.peers.rounds.divergence import DivergenceGuard
-from p2p_diloco.peers.gossip.worker import GossipWorker
 from p2p_diloco.peers.identity import Identity
 from p2p_diloco.peers.reports.island import IslandReports
 from p2p_diloco.peers.reports.metrics import LinkRates, MetricsLog, summary_line
-from p2p_diloco.peers.gossip.partners import PartnerChooser
-from p2p_diloco.peers.admission.admission import Admission
-from p2p_diloco.peers.gossip.measure import measure
-from p2p_diloco.peers.admission.registry import build_checks
 from p2p_diloco.peers.gossip.reach import Door, PushInbox
 from p2p_diloco.peers.reports.figures import StepLosses, loss_of
-from p2p_diloco.peers.rounds.schedule import ANNOUNCE_EVERY_S, Rounds
-from p2p_diloco.peers.rounds.tally import Tally
+from p2p_diloco.peers.rounds.schedule import ANNOUNCE_EVERY_S
 from p2p_diloco.peers.reports.sinks import RunInfo
-from p2p_diloco.peers.opening import open_island
+from p2p_diloco.peers.opening import leave, open_island
 from p2p_diloco.peers.parts import IslandParts
 from p2p_diloco.peers.state.saving import IslandSaver
-from p2p_diloco.peers.state.source import DISCOVERY_SETTLE_S, STALE_LAG, CatchingUp, StateSource
+from p2p_diloco.peers.state.source import DISCOVERY_SETTLE_S, STALE_LAG
 from p2p_diloco.peers.rounds.timebook import TimeBook
 
 log = logging.getLogger(__name__)
@@ -91,7 +82,6 @@ class SwarmIsland(IslandReports):
                              stopped)  # (`peers.opening`)
         self._run_dir, self.server, self.reach, self.membership = (opened.run_dir, opened.server, opened.reach,
                                                                    opened.membership)
-        discovery = opened.discovery
         try:
             self.peer_id = self.membership.peer_id
             self.outer = OuterLoop(self.peer_id, model, self.diloco, parts.admission.bounds)
@@ -100,49 +90,29 @@ class SwarmIsland(IslandReports):
                                      weights_digest(self.outer.state.phi))
             self.saver = IslandSaver(self.cfg.run_dir, self.outer, self.identity, model, optimizer, scheduler,
                                      extra_state, model_spec)
-            sinks = parts.sinks(parts.log, RunInfo(self.cfg.run_dir, self.name, discovery.run_id, RunInfo.settings_of(
+            sinks = parts.sinks(parts.log, RunInfo(self.cfg.run_dir, self.name, opened.discovery.run_id, RunInfo.settings_of(
                 diloco=self.diloco, island=self.cfg, network=self.network)))  # (TensorBoard, W&B: `peers.reports.sinks`)
         except BaseException:
             opened.close()
             raise
-        self.publisher = parts.publisher(self.server, self.outer, self.exchange, self.identity)
-        self.source = StateSource(self.identity, self.outer, self.membership, self.network, discovery.secret,
-                                  lambda: self._stop_asked, relay=self.reach.relay)
-        self.guard = DivergenceGuard(self.name, self.outer, optimizer, scheduler,
-                                     on_blame=lambda peer, why: self.admission.refuse(peer, why))
-        self.gossip = GossipWorker(self.network, secret=discovery.secret, timeout_s=self.network.fetch_timeout_s,
-                                   measure=lambda snap: measure(self.outer.state.phi, snap.tensors["phi"],
-                                                                self.outer.state.m, snap.tensors.get("m")),
-                                   push_source=self.server.latest if self.reach.mode == "outbound" else None,
-                                   relay=self.reach.relay, link=link, **self.publisher.public_side.partner_copies())
-        self.chooser = PartnerChooser(self.peer_id, self.diloco.max_staleness, model=self.identity.model,
-                                      relay=self.reach.relay is not None, rng=random.Random(self.peer_id),
-                                      ring=self.exchange.ring)
-        self.catching_up = CatchingUp(self.name, self.source, self.publisher.public_side.restart)
-        checks = build_checks(parts.admission, self.outer,
-                              None if probe_fn is None else lambda: self.timebook.timed("probe", probe_fn), parts.checks)
-        self.admission = Admission(checks, self.identity, self.outer, self.chooser, self.publisher,
-                                   lambda: self.membership.members(), stale_lag=STALE_LAG,
-                                   catch_up=lambda peer, v: self.catching_up.start(peer, v, self.rounds.label(peer)))
-        self.tally, self.alone = Tally(), AloneWatch(self.name, bootstrap=bool(discovery.bootstrap),
-                                                     outbound=self.reach.mode == "outbound", relay=self.reach.relay is not None)
-        self.rounds = Rounds(identity=self.identity, outer=self.outer, diloco=self.diloco, island=self.cfg,
-                             network=self.network, membership=self.membership, gossip=self.gossip,
-                             chooser=self.chooser, admission=self.admission, catching_up=self.catching_up, inbox=self.inbox, publisher=self.publisher,
-                             tally=self.tally, alone=self.alone, stopped=lambda: self._stop_asked)
+        self.timebook = TimeBook()
+        """Where the training thread's time goes (`peers.rounds.timebook`)."""
+        (self.publisher, self.source, self.guard, self.gossip, self.chooser, self.catching_up, self.admission,
+         self.tally, self.alone, self.rounds) = parts.partner_side(
+            opened, self.identity, self.outer, diloco=self.diloco, network=self.network, island=self.cfg,
+            exchange=self.exchange, optimizer=optimizer, scheduler=scheduler, inbox=self.inbox, link=link,
+            probe_fn=probe_fn, timebook=self.timebook, stopped=lambda: self._stop_asked)  # (`peers.parts`)
         self.metrics = MetricsLog(self.cfg.run_dir, sinks)
         (self.cfg.run_dir / "island.json").write_text(json.dumps({"peer_id": self.peer_id, "name": self.name,
                                                                   "endpoint": self.server.endpoint}))
         self.started_at, self._built = time.time(), time.monotonic()
         self.round = self.own_tokens = 0
-        self.timebook = TimeBook()
-        """Where the training thread's time goes (`peers.rounds.timebook`)."""
         self.initial_loss: float | None = None
         self.eval_loss: float | None = None
         self.state = "joining"
         self.link_rates = LinkRates()
         self.done = self.weights_changed = False
-        self._stop_asked = self._stop_sent = False
+        self._stop_asked = False
         self._started = self._closed = False
         self._t0: float | None = None
         self._returned_at = 0.0
@@ -296,12 +266,8 @@ class SwarmIsland(IslandReports):
     def _tell_ranks(self, cmd: int) -> None:
         """Under torchrun, what this step did, to the other ranks (`peers.torchrun.distributed`)."""
         self.weights_changed = self.rounds.mixing.changed = False
-        if self.group is None or self._stop_sent:
-            return
-        self.group.send(cmd)
-        if cmd in (SYNC, NEW_ROUND, STOP):
-            self.group.sync_weights(self.outer.slices.params)
-        self._stop_sent = cmd == STOP
+        if self.group is not None:
+            self.group.tell(cmd, self.outer.slices.params)
 
     def close(self) -> dict[str, Any]:
         """Leave cleanly: abandon the fetch, checkpoint, evaluate, remove the record, close sockets; the summary."""
@@ -316,18 +282,7 @@ class SwarmIsland(IslandReports):
         steps += [("leave", self.membership.leave), ("membership shutdown", self.membership.shutdown),
                   ("server close", self.server.close), ("metrics close", self.metrics.close),
                   ("run directory", self._run_dir.release)]
-        interrupted: BaseException | None = None
-        for name, step in steps:
-            if interrupted is not None and name in ("checkpoint", "final evaluation"):
-                continue
-            try:
-                step()
-            except Exception:  # leaving must not fail half-way: each step is independent
-                log.exception("while leaving: %s failed", name)
-            except BaseException as e:  # a second Ctrl+C: skip saving, still stop the DHT process and sockets
-                interrupted = interrupted or e
-        if interrupted is not None:
-            raise interrupted
+        leave(steps, saving=("checkpoint", "final evaluation"))
         return self._summary
 
     def _final_eval(self) -> None:

@@ -3,14 +3,16 @@
 `open_island` does these in order and undoes what it did when one fails (an earlier run's
 checkpoints are resumed or moved aside, never overwritten: `peers.state.rundir`; a tracker asked
 for and not installed stops it before any socket opens); `Opened.close` undoes them all when
-the island is built no further. The island (`peers.island.SwarmIsland`) leaves through the same parts.
+the island is built no further. The island (`peers.island.SwarmIsland`) leaves through the same parts,
+each step on its own (`leave`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Callable
 
 from p2p_diloco.config import DiscoveryConfig, IslandConfig, NetworkConfig
 from p2p_diloco.discovery import open_membership
@@ -20,6 +22,8 @@ from p2p_diloco.exchange.server import SnapshotServer
 from p2p_diloco.peers.gossip.reach import PushInbox, Reach, check_reach
 from p2p_diloco.peers.state.rundir import RunDirLock, prepare_run_dir
 from p2p_diloco.tracking import LogConfig, require_trackers
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -58,3 +62,22 @@ def open_island(cfg: IslandConfig, discovery: DiscoveryConfig, network: NetworkC
         server.close(), run_dir.release()
         raise
     return Opened(run_dir, server, reach, membership, discovery)
+
+
+def leave(steps: Sequence[tuple[str, Callable[[], object]]], saving: Collection[str] = ()) -> None:
+    """Take the named steps of leaving in order, each on its own: leaving must not fail half-way, so
+    an error is logged and the next step runs. A second Ctrl+C (any other `BaseException`) skips the
+    `saving` steps still to come, still stops the DHT process and closes the sockets, and is raised
+    at the end."""
+    interrupted: BaseException | None = None
+    for name, step in steps:
+        if interrupted is not None and name in saving:
+            continue
+        try:
+            step()
+        except Exception:
+            log.exception("while leaving: %s failed", name)
+        except BaseException as e:
+            interrupted = interrupted or e
+    if interrupted is not None:
+        raise interrupted

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from p2p_diloco.admission import TrustSettings
 from p2p_diloco.peers.admission.ledger import PartnerLedger
-from p2p_diloco.peers.admission.protocol import ADMIT, Candidate, Island, Verdict
+from p2p_diloco.peers.admission.protocol import Candidate, Island, Verdict
 
 
 class TrustCheck:

@@ -84,6 +84,8 @@ class IntraIsland:
         device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
         self._cmd = torch.zeros(1, dtype=torch.int64, device=device)
         self.weights: RankWeights = Replicas()
+        self.stop_told = False
+        """Rank 0 told `STOP`: the other ranks follow no more commands."""
 
     @staticmethod
     def init_from_env(device: torch.device, timeout_s: float = 120.0) -> IntraIsland | None:
@@ -131,6 +133,16 @@ class IntraIsland:
     def sync_weights(self, params: list[torch.Tensor]) -> None:
         """Every rank takes rank 0's trainable weights."""
         self.weights.push(params)
+
+    def tell(self, cmd: int, params: list[torch.Tensor]) -> None:
+        """Rank 0, after each step: what it did (`send`), then rank 0's `params` when the ranks take
+        them; nothing once `STOP` was told."""
+        if self.stop_told:
+            return
+        self.send(cmd)
+        if cmd in WITH_WEIGHTS:
+            self.sync_weights(params)
+        self.stop_told = cmd == STOP
 
     def share(self, value: int) -> int:
         """Rank 0's `value` on every rank (a data seed, a schedule length)."""
