@@ -27,7 +27,7 @@ HEADER = ("| claim | today | spread | target | met | command | runtime | commit,
 
 
 class ReferenceError(Exception):
-    """A result file is missing or malformed, or BENCHMARKS.md has no table markers."""
+    """A result file is missing or malformed, or a document has no table markers."""
 
 
 @dataclass(frozen=True)
@@ -144,13 +144,18 @@ def _duration(s: float) -> str:
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min"
 
 
+def splice(text: str, begin: str, end: str, body: str, where: Path) -> str:
+    """`text` with what lies from the `begin` marker to the `end` marker replaced by `body`."""
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
+        raise ReferenceError(f"{where} has no generated table (the markers {begin!r} ... {end!r})")
+    return text[:start] + body + text[stop + len(end):]
+
+
 def render(benchmarks: Path, results_dir: Path) -> tuple[str, str]:
     """(BENCHMARKS.md as it is, as the stored results say it should be)."""
     text = benchmarks.read_text()
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise ReferenceError(f"{benchmarks} has no generated table (the markers {BEGIN!r} ... {END!r})")
-    return text, text[:start] + table(results_dir) + text[end + len(END):]
+    return text, splice(text, BEGIN, END, table(results_dir), benchmarks)
 
 
 def keep(name: str, output_file: Path, command: str, runtime_s: float, results_dir: Path,

@@ -1,5 +1,5 @@
 """`p2p-diloco bench reference` and `bench keep`: BENCHMARKS.md's first table from the stored results
-(`bench.reference`)."""
+(`bench.reference`), DESIGN.md's tables from the code (`bench.design`)."""
 
 from __future__ import annotations
 
@@ -8,26 +8,33 @@ from pathlib import Path
 import click
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS, BENCHMARKS = ROOT / "docs" / "results", ROOT / "BENCHMARKS.md"
+RESULTS, BENCHMARKS, DESIGN = ROOT / "docs" / "results", ROOT / "BENCHMARKS.md", ROOT / "docs" / "DESIGN.md"
 
 
 @click.command("reference")
-@click.option("--check", is_flag=True, help="Write nothing; exit 1 when BENCHMARKS.md's table differs from the results.")
+@click.option("--check", is_flag=True,
+              help="Write nothing; exit 1 when a generated table differs from the results or the code.")
 def bench_reference(check) -> None:
-    """Rewrite BENCHMARKS.md's table of today's figures from the results in docs/results."""
-    from p2p_diloco.bench.reference import ReferenceError, render
+    """Rewrite BENCHMARKS.md's table of today's figures from the results in docs/results, and
+    docs/DESIGN.md's tables of the admission's checks and the config sections from the code."""
+    from p2p_diloco.bench import design, reference
+    from p2p_diloco.cli.config_file import SECTIONS
 
-    try:
-        now, want = render(BENCHMARKS, RESULTS)
-    except ReferenceError as e:
-        raise click.ClickException(str(e)) from e
-    if check:
-        if now != want:
-            raise click.ClickException("BENCHMARKS.md's table differs from docs/results: run p2p-diloco bench reference")
-        click.echo("BENCHMARKS.md's table matches docs/results")
-        return
-    BENCHMARKS.write_text(want)
-    click.echo("BENCHMARKS.md's table " + ("is unchanged" if now == want else "rewritten from docs/results"))
+    docs = [(BENCHMARKS, "docs/results", lambda: reference.render(BENCHMARKS, RESULTS)),
+            (DESIGN, "the code", lambda: design.render(DESIGN, SECTIONS))]
+    for path, source, render in docs:
+        try:
+            now, want = render()
+        except reference.ReferenceError as e:
+            raise click.ClickException(str(e)) from e
+        if check:
+            if now != want:
+                raise click.ClickException(f"{path.name}'s generated tables differ from {source}: "
+                                           f"run p2p-diloco bench reference")
+            click.echo(f"{path.name}'s generated tables match {source}")
+        else:
+            path.write_text(want)
+            click.echo(f"{path.name}'s generated tables " + ("are unchanged" if now == want else f"rewritten from {source}"))
 
 
 @click.command("keep")

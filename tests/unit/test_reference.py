@@ -1,5 +1,5 @@
 """BENCHMARKS.md's first table is generated from docs/results (`bench.reference`): it matches them,
-and the results keep where they came from."""
+and the results keep where they came from; DESIGN.md's tables are generated from the code (`bench.design`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,12 @@ import json
 
 import pytest
 
+from p2p_diloco.admission import CHECKS, AdmissionConfig
+from p2p_diloco.bench import design
 from p2p_diloco.bench.reference import CLAIMS, ReferenceError, Result, keep, render, rows
-from p2p_diloco.cli.reference import BENCHMARKS, RESULTS
+from p2p_diloco.cli.config_file import SECTIONS
+from p2p_diloco.cli.reference import BENCHMARKS, DESIGN, RESULTS
+from p2p_diloco.config import IslandConfig
 
 
 def test_benchmarks_table_is_what_the_stored_results_give():
@@ -41,3 +45,27 @@ def test_keep_stores_an_output_with_its_provenance_and_a_broken_one_is_one_error
     out.write_text("no json here\n")
     with pytest.raises(ReferenceError, match="no bench output"):
         keep("prepare", out, "p2p-diloco bench prepare --json", 1.0, tmp_path / "results")
+
+
+def test_design_tables_are_what_the_code_gives():
+    now, want = design.render(DESIGN, SECTIONS)
+    assert now == want, "docs/DESIGN.md's generated tables differ from the code: run `p2p-diloco bench reference`"
+
+
+def test_every_check_and_section_has_its_row_with_its_settings():
+    checks = design.checks_table().splitlines()[2:]
+    assert [row.split("|")[1].strip(" `") for row in checks] == list(CHECKS)
+    trust = next(row for row in checks if row.startswith("| `trust`"))
+    assert "`[admission.trust]` behind=1.0, slack=0.25, memory=0.7, step=0.1" in trust
+    assert "`peers/admission/trust.py`" in trust and all(row.count("|") == 6 for row in checks)
+    sections = design.sections_table({"island": IslandConfig, "admission": AdmissionConfig}).splitlines()[2:]
+    assert sections[0].startswith("| `[island]` | `IslandConfig` (`p2p_diloco/config.py`) | run_dir='runs/island', ")
+    assert [row.split("|")[1].strip(" `") for row in sections[1:]] == \
+        ["[admission]"] + [f"[admission.{s}]" for s in ("claims", "bounds", "gate", "trust", "drift", "probe")]
+
+
+def test_a_document_without_its_markers_is_one_error(tmp_path):
+    doc = tmp_path / "DESIGN.md"
+    doc.write_text("# no tables here\n")
+    with pytest.raises(ReferenceError, match="has no generated table"):
+        design.render(doc, SECTIONS)
