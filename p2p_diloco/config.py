@@ -90,18 +90,18 @@ class DiLoCoConfig:
 
     local_steps: int = 15
     """H: inner steps per round (a slow island may do fewer within `round_seconds`); the bytes an
-    island sends per token fall with H (BENCHMARKS.md, "Third sweep: H")."""
+    island sends per token fall with H (BENCHMARKS.md, "Simulator")."""
     round_seconds: float | None = None
     """Wall-clock budget of one round's inner steps; None means H steps whatever they take."""
     outer_lr: float = 0.7
-    """Outer Nesterov learning rate (BENCHMARKS.md, "Fourth sweep: the outer step at H=15")."""
+    """Outer Nesterov learning rate (BENCHMARKS.md, "Simulator")."""
     outer_momentum: float = 0.5
-    """Outer Nesterov momentum mu (BENCHMARKS.md, "Fourth sweep: the outer step at H=15")."""
+    """Outer Nesterov momentum mu (BENCHMARKS.md, "Simulator")."""
     momentum: str = "rescaled-int4"
     """How outer momentum travels (`core.modes.Momentum`): `rescaled-int4` (default) publishes it in
     4 bits beside the weights, mixes it with the partner's weight and rescales it to the
     interpolated norm of the two buffers; `rescaled-sign` the same in signs with one magnitude per
-    block; `local` keeps each island's own (BENCHMARKS.md, "Quality: momentum that travels")."""
+    block; `local` keeps each island's own (BENCHMARKS.md, "Momentum that travels")."""
     mix_weight: float = 0.5
     """Base weight of a partner's state when both have equal tokens and no staleness."""
     token_weighting: bool = True
@@ -117,7 +117,7 @@ class DiLoCoConfig:
     """Slope d of the staleness discount 1 - d x - (1-d) x^2, x = lag / (max_staleness+1): smooth to 0."""
     final_mix: bool = True
     """When the island's budget is spent, fetch one partner's last state and mix it before the
-    final checkpoint (one more fetch per run; BENCHMARKS.md, "When a partner's state is mixed")."""
+    final checkpoint (one more fetch per run; BENCHMARKS.md, "The final mix")."""
     exchange: str = "auto"
     """What an island fetches: `auto` (whole states, updates or their fragments, whichever fits the link it
     measures: `core.linkfit`), whole `state`s, `updates` of a public state that follows its anchor with
@@ -238,7 +238,7 @@ class NetworkConfig:
 
     compression: str = "int8"
     """Codec of the published anchor: fp32 (lossless), bf16, fp16, int8 (per-block scales, the default)
-    or int4 (BENCHMARKS.md, "First sweep: ... codec")."""
+    or int4 (BENCHMARKS.md, "Codecs")."""
     min_chunk_bytes: int = 64 * 1024
     """Smallest chunk a fetcher asks for (the protocol allows 64 KiB to 8 MiB)."""
     max_chunk_bytes: int = 8 * 1024 * 1024

@@ -105,7 +105,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("link events: refusals between honest islands (slow uplink, a link down)", "links",
           lambda o: str(sum(s["honest_refusals"] for s in o["scenarios"].values())),
           lambda o: f"{o['runs']} run each of {', '.join(o['scenarios'])}", "0", 
-          lambda o: sum(s["honest_refusals"] for s in o["scenarios"].values()) == 0, "Robustness: one admission"),
+          lambda o: sum(s["honest_refusals"] for s in o["scenarios"].values()) == 0, "Link events"),
     Claim("GPU check: islands' tokens/s against a plain loop on the same GPU", "gpu",
           lambda o: f"{o['islands_vs_plain']:.2f}", lambda o: o["device"], "report", lambda o: None, "GPU check"),
     Claim("discovery at size: 32 members joining one bootstrap node over the DHT", "discovery-dht-32",

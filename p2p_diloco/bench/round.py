@@ -94,9 +94,10 @@ momentum: 0.39 of a state), and the island's two served snapshots of as much (th
 finishes the fetches that started on it), where the issue's 3 was set before the momentum
 travelled; 2.25 more for an exchange that keeps a public state: itself, one fp32 copy of the
 weights, the updates it keeps for partners behind, up to its bytes again (`core.public`), and the
-next update while the oldest is dropped (BENCHMARKS.md, "Slow links"); plus one for each state the
-snapshot copies (`snapshot_copies`: the publisher's host buffers, reused every round, the price of
-a round's end that does not wait for the encoding; BENCHMARKS.md, "Every second trains"); and
+next update while the oldest is dropped (BENCHMARKS.md, "Cost of a round against model size"); plus
+one for each state the snapshot copies (`snapshot_copies`: the publisher's host buffers, reused every
+round, the price of a round's end that does not wait for the encoding; BENCHMARKS.md, "Every second
+trains"); and
 overhead per parameter "roughly flat", read as: the largest and smallest ns/param of the sizes
 measured within a factor of 2."""
 PIECES = ("snapshot", "publish", "fetch", "measure", "mix", "outer")

@@ -147,7 +147,7 @@ def model_shape_options(f: Callable) -> Callable:
     return click.option("--block-size", type=int, default=M.block_size, help="Override the preset's context length.")(f)
 
 
-REMOVED_MODES = "its figures are in BENCHMARKS.md, 'Modes removed'"
+REMOVED_MODES = "its figures are in docs/HISTORY.md, 'Modes removed'"
 RETIRED_MOMENTUM = {name: "use rescaled-int4 (the default), rescaled-sign or local" for name in (
     "mixed", "mixed-int4", "alternate", "alternate-int4", "same-version", "rescaled", "partner-delta", "noloco")}
 RETIRED_UPDATE_CODECS = {name: "updates travel in sign or int4" for name in ("topk", "lowrank")}

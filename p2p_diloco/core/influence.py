@@ -18,7 +18,8 @@ from the distances of the states it accepted, or from its momentum.
   island's own momentum's norm (the median of its last outer steps, or the last if larger): honest
   partners' momenta blend with one another every round, so their norms sit within a few tens of
   percent of the island's own, while one x3 passed the bound above and, blended at 0.5 and rescaled
-  (`core.modes`), doubled the island's momentum at every mix it got (+1.8%, BENCHMARKS.md).
+  (`core.modes`), doubled the island's momentum at every mix it got (+1.8%, BENCHMARKS.md, "The quiet
+  members").
 - **Behind**: how many of the island's own rounds a state sits back along the direction it progresses
   in (its momentum), `rounds_behind`: what the partner's record (`peers.admission.trust`) reads.
 

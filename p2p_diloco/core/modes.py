@@ -14,8 +14,8 @@ that runs a round asks that object, never the setting's string:
   whichever fits the link the island measured, the updates in as many fragments as the link calls
   for (`core.linkfit`).
 
-What each mode measured, and the variants that were removed, are in BENCHMARKS.md ("Quality:
-momentum that travels", "Bandwidth: sending what changed", "Modes removed").
+What each mode measured is in BENCHMARKS.md ("Momentum that travels", "Sending what changed"); the
+variants that were removed, and their figures, are in docs/HISTORY.md ("Modes removed").
 """
 
 from __future__ import annotations

@@ -119,8 +119,8 @@ def encode_update(pub: torch.Tensor, anchor: torch.Tensor, codec: str) -> Encode
 
 def apply_(pub: torch.Tensor, update: EncodedVector, at: int = 0) -> torch.Tensor:
     """Add the decoded `update` to `pub[at:]` in place, a slice at a time (no whole-state temporary, and
-    no fresh pages to fault in every round: BENCHMARKS.md, "Slow links"); returns `pub`. The caller
-    checked that it fits (`Update.check_fits`)."""
+    no fresh pages to fault in every round: BENCHMARKS.md, "Cost of a round against model size");
+    returns `pub`. The caller checked that it fits (`Update.check_fits`)."""
     for start in range(0, update.numel(), APPLY_CHUNK):
         end = min(start + APPLY_CHUNK, update.numel())
         pub[at + start:at + end] += update[start:end].float()

@@ -48,8 +48,8 @@ class SimConfig:
     step_seconds: float = 0.32
     """Virtual seconds of one inner step on a speed-1 island: the tiny model's step with 4 islands
     sharing the 2-core reference machine, as `bench swarm` measured it there when idle (BENCHMARKS.md,
-    "Fourth sweep: the measured inner step"). Against the link time it decides how many inner steps
-    of a round run before a partner's state arrives."""
+    "Simulator"). Against the link time it decides how many inner steps of a round run before a
+    partner's state arrives."""
     eval_batches: int = 16
     """Held-out batches every method is evaluated on."""
     seed: int = 0
