@@ -73,6 +73,10 @@ def _runs(values: list[float], fmt: str = "{:.4f}") -> str:
     return f"{fmt.format(min(values))}-{fmt.format(max(values))} ({len(values)} runs)"
 
 
+def _pct(ratio: float) -> str:
+    return f"{ratio - 1:+.2%}"
+
+
 def _auto(out: dict) -> dict:
     """`bench round`'s row of the default exchange."""
     return next(r for r in out["rows"] if r["exchange"] == "auto")
@@ -100,8 +104,13 @@ CLAIMS: tuple[Claim, ...] = (
           lambda o: f"{_auto(o)['blocked_s']:.2f} s (outer step {_auto(o)['outer_s']:.2f} s)",
           lambda o: "median of 5 rounds", "<= the outer step + 2 clones",
           lambda o: _auto(o)["blocked_s"] <= _auto(o)["outer_s"] + 2 * _auto(o)["clone_s"], "Every second trains"),
-    Claim("attacks: worst honest island against the clean mean (3 runs, 4 honest, 2 members)", "attack",
-          lambda o: "", lambda o: "", "within 1%", lambda o: None, "Robustness: one admission"),
+    Claim("attacks inside the honest spread: worst honest island against the clean mean (4 honest, 2 members)",
+          "attack", lambda o: ", ".join(f"{k} {_pct(a['worst_ratio_to_clean_mean'])}" for k, a in o["attacks"].items()),
+          lambda o: f"mean {', '.join(_pct(a['ratio_to_clean_mean']) for a in o['attacks'].values())}; "
+                    f"{o['runs']} runs; clean runs' spread {o['clean_spread']:.2%}",
+          "worst within 1%, mean within 0.5%",
+          lambda o: all(a["worst_ratio_to_clean_mean"] <= 1.01 and a["ratio_to_clean_mean"] <= 1.005
+                        for a in o["attacks"].values()), "Robustness: one admission"),
     Claim("link events: refusals between honest islands (slow uplink, a link down)", "links",
           lambda o: str(sum(s["honest_refusals"] for s in o["scenarios"].values())),
           lambda o: f"{o['runs']} run each of {', '.join(o['scenarios'])}", "0", 
