@@ -55,5 +55,6 @@ for _command in (simulate.simulate, bootstrap.bootstrap, watch.status, watch.das
     main.add_command(_command)
 bench.bench.add_command(prepare.bench_prepare)
 bench.bench.add_command(scale.bench_discovery)
+bench.bench.add_command(scale.bench_churn)
 bench.bench.add_command(reference.bench_reference)
 bench.bench.add_command(reference.bench_keep)

@@ -4,14 +4,17 @@ bootstrap nodes dialled, and the peers in its routing table.
 An island's node (`dht.DhtMembership`) and the bootstrap node's (`bootstrap.node`) are started by
 `start_dht`. An island starts its node alone and joins through it (`try_bootstrap`, repeated by
 `patience.keep_trying`): one daemon and one identity for its life, however many tries it takes.
-`reconnect_with` re-dials bootstrap nodes that restarted. Coroutines here run inside the DHT
-process (`DHT.run_coroutine`); hivemind's internals are reached through `hivemind_compat`.
+`reconnect_with` re-dials bootstrap nodes that restarted. A node's DHT process ends with its owner,
+killed or not (`OwnedDHT`). Coroutines here run inside the DHT process (`DHT.run_coroutine`);
+hivemind's internals are reached through `hivemind_compat`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import socket
 import threading
 import time
@@ -42,13 +45,80 @@ class DaemonUnavailable(Exception):
     """The libp2p daemon could not start on this machine (not: the bootstrap did not answer)."""
 
 
+OWNER_POLL_S = 0.5
+"""How often a DHT process looks whether its owner is still there."""
+
+
+class OwnedDHT(hivemind.DHT):
+    """A hivemind DHT process that ends with the process that started it (its owner).
+
+    Forked, the DHT process holds the owner's end of their pipe as well as its own, so it never sees
+    the pipe close: an owner killed with SIGKILL left its DHT process and p2pd running for good
+    (`bench churn`'s processes left behind). A thread of the DHT process watches the owner; once it
+    is gone, it stops what the DHT process started (p2pd) and ends the DHT process."""
+
+    def start(self) -> None:
+        self._owner_pid = os.getpid()  # (read in the DHT process: its parent may be gone before it looks)
+        super().start()
+
+    def run(self) -> None:
+        threading.Thread(target=_end_with_owner, args=(self._owner_pid,), name="dht-owner", daemon=True).start()
+        super().run()
+
+
+def _end_with_owner(owner: int) -> None:
+    """In a DHT process: once `owner` is no longer its parent, SIGTERM its children (p2pd), SIGKILL
+    those still there after a second, and exit."""
+    while os.getppid() == owner:
+        time.sleep(OWNER_POLL_S)
+    children = _children(os.getpid())
+    for pid in children:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 1.0
+    while (children := [pid for pid in children if _alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in children:
+        _signal(pid, signal.SIGKILL)
+    os._exit(0)
+
+
+def _children(parent: int) -> list[int]:
+    """The processes whose parent is `parent` (Linux's /proc; elsewhere none are found)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else ()):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == parent:
+            found.append(int(pid))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def _host_maddr(host: str, port: int) -> str:
     return f"/{'ip6' if ':' in host else 'ip4'}/{host}/tcp/{port}"
 
 
 def start_dht(*, initial_peers: list[str], host: str, port: int, timeout: float, announce_host: str | None = None,
               validators: list | None = None, client_mode: bool = False, identity_path: str | None = None) -> hivemind.DHT:
-    """Start a hivemind DHT process; `DiscoveryError` if no initial peer answers, `DaemonUnavailable` if libp2p fails."""
+    """Start a hivemind DHT process (`OwnedDHT`); `DiscoveryError` if no initial peer answers,
+    `DaemonUnavailable` if libp2p fails."""
     kwargs: dict[str, Any] = dict(host_maddrs=[_host_maddr(host, port)], client_mode=client_mode,
                                   identity_path=identity_path, num_replicas=DHT_REPLICAS)
     if announce_host:
@@ -58,7 +128,7 @@ def start_dht(*, initial_peers: list[str], host: str, port: int, timeout: float,
                 port = probe.getsockname()[1]
             kwargs["host_maddrs"] = [_host_maddr(host, port)]
         kwargs["announce_maddrs"] = [_host_maddr(announce_host, port)]
-    dht = hivemind.DHT(initial_peers=initial_peers or None, start=False, record_validators=validators or (), **kwargs)
+    dht = OwnedDHT(initial_peers=initial_peers or None, start=False, record_validators=validators or (), **kwargs)
     # The terminal's Ctrl+C reaches the whole foreground process group; the DHT process must not
     # die of it, since its owner may still need it to withdraw its record (the owner stops it with
     # `shutdown()`). hivemind ignores SIGINT in the process only once its loop runs, so it is also

@@ -164,14 +164,17 @@ class Swarm:
             time.sleep(0.2)
         raise RuntimeError(f"the bootstrap node did not start; see {self.workdir / 'bootstrap.log'}")
 
-    def start_island(self, name: str, args: list[str], command: tuple[str, ...] = ("join",)) -> subprocess.Popen:
+    def start_island(self, name: str, args: list[str], command: tuple[str, ...] = ("join",),
+                     logs: str | None = None) -> subprocess.Popen:
         """An island process: `join` (or `command`, which takes join's options: `bench member ...`); in a
-        work folder used before (`--workdir`), its earlier run moved aside (`--fresh`) unless it resumes."""
+        work folder used before (`--workdir`), its earlier run moved aside (`--fresh`) unless it resumes.
+        Its log and summary go to `<logs>.log` and `<logs>.json` (default: its name; a second life of
+        an island that resumes keeps the first one's)."""
         boot = [a for addr in self.bootstrap_addr for a in ("--bootstrap", addr)]
-        out = open(self.workdir / f"{name}.json", "w")
+        out = open(self.workdir / f"{logs or name}.json", "w")
         fresh = [] if "--resume" in args else ["--fresh"]
         return self._spawn(_cli(*self._config, *command, *boot, "--run-dir", str(self.workdir / name), "--name", name, "--json",
-                                *fresh, *args), f"{name}.log", stdout=out)
+                                *fresh, *args), f"{logs or name}.log", stdout=out)
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM each process itself (not its group: an island's libp2p daemon must outlive it long

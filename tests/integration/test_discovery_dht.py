@@ -199,3 +199,29 @@ def group_alive(pgid: int) -> bool:
         return True
     except ProcessLookupError:
         return False
+
+
+OWNER = """
+import sys, time
+from p2p_diloco.discovery.dhtnode import start_dht
+dht = start_dht(initial_peers=[], host="127.0.0.1", port=0, timeout=60)
+print(dht.pid, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_dht_process_and_its_daemon_end_with_an_owner_killed_with_sigkill(procs):
+    from p2p_diloco.bench.churn import session_processes
+
+    owner = procs.python("-c", OWNER, stdout=subprocess.PIPE, text=True)
+    dht_pid = int(owner.stdout.readline())
+    session = {owner.pid}
+    started = session_processes(session)
+    assert any(line.startswith(f"{dht_pid} ") for line in started) and any("p2pd" in line for line in started), started
+    owner.send_signal(signal.SIGKILL)  # as `kill -9` does: the process alone, not its group
+    owner.wait(10)
+    deadline = time.monotonic() + 15
+    while (left := session_processes(session)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == [], f"left behind by a killed owner: {left}"
