@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class FetchStats:
-    rtt_s: float  # smallest round trip seen (the HELLO's, or a chunk's)
+    rtt_s: float  # smallest round trip this fetch saw (the HELLO's, or a chunk's), else the remembered one
     link_bytes_per_s: float  # bottleneck bandwidth estimate at the end
     peak_window_bytes: int  # most bytes kept in flight
     chunk_bytes: int  # chunk length in use at the end
@@ -160,7 +160,7 @@ class Fetcher:
         if hello.want is None:
             ctl.on_rtt(time.monotonic() - t0)
         else:  # the server held its answer: no round-trip sample, and the transfer began a round trip ago
-            t0 = time.monotonic() - (ctl.min_rtt if math.isfinite(ctl.min_rtt) else 0.0)
+            t0 = time.monotonic() - (ctl.rtt if math.isfinite(ctl.rtt) else 0.0)
         if (need := m.state_bytes if decode else m.total) > cfg.max_state_bytes:  # what this fetch allocates
             raise BadPayload(f"{self.endpoint} offers {need} bytes of state, over max_state_bytes")
         asm, tr = payload.Assembler(m, keep_encoded=not decode), Transfer.after(hello, m, time.monotonic() + timeout)
@@ -212,8 +212,8 @@ class Fetcher:
                   seconds: float) -> Snapshot:
         """The whole, checked snapshot, with the link's figures (remembered for the next fetch)."""
         flowcontrol.remember(self.endpoint, ctl.estimate())
-        busy = seconds - ctl.min_rtt  # a request's trip out and the last byte's trip back are unavoidable
-        stats = FetchStats(rtt_s=ctl.min_rtt, link_bytes_per_s=ctl.bandwidth, peak_window_bytes=ctl.peak_window,
+        busy = seconds - ctl.rtt  # a request's trip out and the last byte's trip back are unavoidable
+        stats = FetchStats(rtt_s=ctl.rtt, link_bytes_per_s=ctl.bandwidth, peak_window_bytes=ctl.peak_window,
                            chunk_bytes=ctl.chunk_bytes(m.block), chunks=tr.chunks,
                            transfer_bytes_per_s=m.total / busy if busy > 0 else math.nan, data_bytes_per_s=tr.data_rate())
         self._transfer = None

@@ -69,7 +69,9 @@ class WindowController:
                  prior: LinkEstimate | None = None) -> None:
         self.min_chunk, self.max_chunk = min_chunk, max_chunk
         self.initial_window, self.max_window = initial_window, max_window
-        self.min_rtt = prior.rtt_s if prior else math.inf
+        self.min_rtt = math.inf
+        """The smallest round trip this fetch saw."""
+        self._prior_rtt = prior.rtt_s if prior else math.inf
         self._prior_bw = prior.bytes_per_s if prior else 0.0
         self._samples: deque[tuple[float, float]] = deque()  # (time, rate) for the max filter
         self._arrivals: deque[tuple[float, int]] = deque(maxlen=64)  # (time, cumulative bytes)
@@ -86,6 +88,12 @@ class WindowController:
     def bandwidth(self) -> float:
         """Bytes/s: the highest recent delivery rate (or the remembered one before any sample)."""
         return max((r for _, r in self._samples), default=self._prior_bw)
+
+    @property
+    def rtt(self) -> float:
+        """Seconds: the smallest round trip this fetch saw, or the remembered one before any sample (a
+        remembered one only seeds the window: the peer at an endpoint, or its path, may have changed)."""
+        return self.min_rtt if math.isfinite(self.min_rtt) else self._prior_rtt
 
     def on_rtt(self, seconds: float) -> None:
         if seconds > 0:
@@ -126,8 +134,8 @@ class WindowController:
     def window_bytes(self, block: int) -> int:
         """Bytes to keep requested but not yet received."""
         chunk = self.chunk_bytes(block)
-        if self.bandwidth > 0 and math.isfinite(self.min_rtt):
-            w = max(GAIN * self.bandwidth * self.min_rtt, 3 * chunk)
+        if self.bandwidth > 0 and math.isfinite(self.rtt):
+            w = max(GAIN * self.bandwidth * self.rtt, 3 * chunk)
         else:
             w = max(self.initial_window, 3 * chunk)
         w = int(max(chunk, min(w, self.max_window)))
@@ -135,6 +143,6 @@ class WindowController:
         return w
 
     def estimate(self) -> LinkEstimate | None:
-        if self.bandwidth > 0 and math.isfinite(self.min_rtt):
-            return LinkEstimate(rtt_s=self.min_rtt, bytes_per_s=self.bandwidth)
+        if self.bandwidth > 0 and math.isfinite(self.rtt):
+            return LinkEstimate(rtt_s=self.rtt, bytes_per_s=self.bandwidth)
         return None

@@ -22,8 +22,8 @@ pytestmark = pytest.mark.timeout(240)
 def test_bench_gpu_runs_on_the_cpu_and_reports_every_figure(procs, tmp_path):
     out_file = tmp_path / "gpu_check.json"
     proc = procs.python("-m", "p2p_diloco", "bench", "gpu", "--device", "cpu", "--preset", "tiny", "--vocab-size", "256",
-                        "--rounds", "4", "-H", "4", "--batch-size", "4", "--plain-steps", "3", "--big-preset", "tiny",
-                        "--big-rounds", "1", "--big-batch-size", "2", "--workdir", str(tmp_path / "run"),
+                        "--rounds", "4", "-H", "4", "--batch-size", "4", "--plain-steps", "3", "--big-preset", "none",
+                        "--workdir", str(tmp_path / "run"),
                         "--output", str(out_file), "--json", stdout=subprocess.PIPE, text=True)
     stdout, _ = proc.communicate(timeout=220)
     assert proc.returncode == 0
@@ -56,9 +56,9 @@ def test_bench_gpu_runs_on_the_cpu_and_reports_every_figure(procs, tmp_path):
     assert plain["steps"] == 3 and plain["tokens_per_s"] > 0 and math.isfinite(plain["loss_last"]), plain
     together = sum(island["tokens_per_s"] for island in out["islands"])
     assert out["islands_vs_plain"] == pytest.approx(together / plain["tokens_per_s"])
-    big = out["big"]  # the second pair (here as tiny as the first), one round each
-    assert big["preset"] == "tiny" and big["batch_size"] == 2 and len(big["islands"]) == 2
-    assert all(island["tokens"] == 1 * 4 * 2 * 128 and island["tokens_per_s"] for island in big["islands"]), big
+    # no second pair (`--big-preset none`): on a GPU it is the first pair's code at another size, which
+    # CI has just run; here it would only start a second swarm
+    assert out["big"] is None
     r = out["round"]
     assert r["device"] == "cpu" and r["overhead_s"] > 0 and r["clone_s"] > 0
     assert r["overhead_vs_clone"] == pytest.approx(r["overhead_s"] / r["clone_s"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from p2p_diloco.config import NetworkConfig
@@ -99,6 +101,17 @@ def test_window_and_chunk_stay_within_bounds():
     assert slow.chunk_bytes(block) == 64 * 1024 and slow.window_bytes(block) == 3 * 64 * 1024
     big_block = _controller(prior=flowcontrol.LinkEstimate(rtt_s=0.0001, bytes_per_s=1e5))
     assert big_block.chunk_bytes(256 * 1024) == 256 * 1024  # never below the manifest's block
+
+
+def test_a_remembered_round_trip_seeds_the_window_but_a_fetch_reports_and_keeps_its_own():
+    # the peer at an endpoint changed (another island took its port, or its path got slower): what
+    # this fetch measures wins, though larger than what was remembered (a port reused between two
+    # of the suite's servers, one with 30 ms of emulated latency, once reported the other's 4 ms)
+    c = _controller(prior=flowcontrol.LinkEstimate(rtt_s=0.02, bytes_per_s=125e6))
+    assert c.rtt == 0.02 and c.window_bytes(64 * 1024) == pytest.approx(2 * 125e6 * 0.02, rel=1e-6)
+    c.on_rtt(0.061)
+    assert c.rtt == c.min_rtt == 0.061 and c.estimate().rtt_s == 0.061
+    assert _controller().rtt == math.inf and _controller().estimate() is None
 
 
 def test_estimates_are_remembered_per_endpoint():
