@@ -77,6 +77,11 @@ def _pct(ratio: float) -> str:
     return f"{ratio - 1:+.2%}"
 
 
+def _churn_sum(out: dict, key: str) -> int:
+    """A count over the churn swarms' runs (`left_behind` is a list of processes)."""
+    return sum(len(r[key]) if isinstance(r[key], list) else r[key] for r in out["churn"]["per_run"])
+
+
 def _auto(out: dict) -> dict:
     """`bench round`'s row of the default exchange."""
     return next(r for r in out["rows"] if r["exchange"] == "auto")
@@ -117,6 +122,15 @@ CLAIMS: tuple[Claim, ...] = (
           lambda o: sum(s["honest_refusals"] for s in o["scenarios"].values()) == 0, "Link events"),
     Claim("GPU check: islands' tokens/s against a plain loop on the same GPU", "gpu",
           lambda o: f"{o['islands_vs_plain']:.2f}", lambda o: o["device"], "report", lambda o: None, "GPU check"),
+    Claim("churn: a quarter of the islands killed and resumed, 2 late: worst island against the same swarm without",
+          "churn", lambda o: _pct(o["churn"]["worst_ratio_to_steady_mean"]),
+          lambda o: f"mean {_pct(o['churn']['ratio_to_steady_mean'])}; {o['islands']} islands, {o['runs']} runs; "
+                    f"partial mixes {_churn_sum(o, 'partial_mixes')}, left behind {_churn_sum(o, 'left_behind')}, "
+                    f"most served {max(r['most_served_to_mean'] for r in o['churn']['per_run']):.2f}x the mean",
+          "within 2%; 0 partial, 0 left; most served <= 2x",
+          lambda o: o["churn"]["worst_ratio_to_steady_mean"] <= 1.02 and _churn_sum(o, "partial_mixes") == 0
+                    and _churn_sum(o, "left_behind") == 0
+                    and max(r["most_served_to_mean"] for r in o["churn"]["per_run"]) <= 2, "Churn"),
     Claim("discovery at size: 32 members joining one bootstrap node over the DHT", "discovery-dht-32",
           lambda o: f"{o['saw_all']} of {o['members']} saw all", 
           lambda o: f"started by {o['slowest_start_s']:.0f} s; {statistics.mean(o['memory_bytes']) / 2**20:.0f} MiB each",

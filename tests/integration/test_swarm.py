@@ -138,8 +138,8 @@ def test_killed_island_resumes_from_its_checkpoint_and_catches_up(procs, tmp_pat
     for o in others:  # the swarm moves on while the island is down
         o.wait_rounds(len(o.rounds()) + 4, 90)
     # its checkpoint is far behind: it adopts the swarm's state before its first round (as a joiner
-    # does), then mixes from that round on; 30 rounds of a fraction of a second leave CI slack
-    b = IslandProc(procs, tmp_path, "a", entry, "-H", "8", "--resume", "--max-rounds", str(saved["round"] + 30),
+    # does), then mixes from that round on; 12 rounds of a fraction of a second leave CI slack
+    b = IslandProc(procs, tmp_path, "a", entry, "-H", "8", "--resume", "--max-rounds", str(saved["round"] + 12),
                    "--wait-for", "3", run_dir=a.run_dir)
     b.summary(120)  # waits for the resumed island to finish its rounds
     resumed = [r for r in b.rounds() if r["round"] > saved["round"]]
