@@ -36,7 +36,7 @@ from statistics import fmean, median
 
 from p2p_diloco.bench.attack import judged
 from p2p_diloco.bench.swarm import rounds
-from p2p_diloco.config import DiLoCoConfig, ModelConfig, NetworkConfig, TrainConfig
+from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, ModelConfig, NetworkConfig, TrainConfig
 from p2p_diloco.peers.launch.demo import Swarm
 from p2p_diloco.peers.reports.metrics import read_metrics
 from p2p_diloco.peers.state import checkpoint
@@ -254,10 +254,12 @@ def figures(run: SwarmRun) -> dict:
 
 def run_bench_churn(islands: int = 16, tokens: int | None = None, kills: int | None = None, late: int = 2,
                     runs: int = 1, seed: int = 0, local_steps: int = DiLoCoConfig.local_steps,
+                    discovery: str = DiscoveryConfig.discovery,
                     latency_ms: float = 100.0, bandwidth_mbps: float = 1000.0, workdir: Path | None = None,
                     timeout_s: float = 3600.0, log: Callable[[str], None] | None = None) -> dict:
     """`runs` steady swarms and as many with churn, run by run (see the module docstring); `tokens`:
-    each island's (default 8 rounds of `local_steps`); `kills`: islands killed and resumed (default a quarter)."""
+    each island's (default 8 rounds of `local_steps`); `kills`: islands killed and resumed (default a quarter);
+    `discovery`: how the islands find each other (`join --discovery`)."""
     from p2p_diloco.core.data import load_corpus
     from p2p_diloco.sim.config import SimConfig
     from p2p_diloco.sim.simulator import Simulation
@@ -269,7 +271,7 @@ def run_bench_churn(islands: int = 16, tokens: int | None = None, kills: int | N
     tokens = tokens or 8 * per_round
     workdir = workdir or Path(tempfile.mkdtemp(prefix="p2p-diloco-churn-"))
     names = [f"island-{i}" for i in range(islands)]
-    args = ["--run-id", "churn", "--max-tokens", str(tokens), "-H", str(local_steps), "--quiet"]
+    args = ["--run-id", "churn", "--max-tokens", str(tokens), "-H", str(local_steps), "--discovery", discovery, "--quiet"]
     entry = ("bench", "member", "--latency-ms", str(latency_ms), "--bandwidth-mbps", str(bandwidth_mbps))
     simulation = Simulation(SimConfig(islands=islands), ModelConfig(), TrainConfig(), DiLoCoConfig(), load_corpus())
     started = time.monotonic()
@@ -286,7 +288,7 @@ def run_bench_churn(islands: int = 16, tokens: int | None = None, kills: int | N
             done[kind].append((losses, figures(run)))
     steady_mean = fmean(fmean(losses) for losses, _ in done["steady"])
     out = {"islands": islands, "tokens_per_island": tokens, "local_steps": local_steps, "kills": kills, "late": late,
-           "runs": runs, "seed": seed,
+           "runs": runs, "seed": seed, "discovery": discovery,
            "latency_ms": latency_ms, "bandwidth_mbps": bandwidth_mbps, "steady_mean": steady_mean,
            "simulator": "not compared: the simulator has no schedule of kills, resumes and late joiners"}
     for kind, found in done.items():

@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from p2p_diloco.bench.discovery import KINDS
-from p2p_diloco.config import DiLoCoConfig
+from p2p_diloco.choices import DISCOVERY_KINDS
+from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig
 from p2p_diloco.cli.options import echo_result
 
 
@@ -47,15 +48,18 @@ def bench_discovery(members, kind, deadline, workdir, as_json) -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Who is killed when (run k draws with seed + k).")
 @click.option("-H", "--local-steps", type=click.IntRange(min=1), default=DiLoCoConfig.local_steps, show_default=True,
               help="Inner steps per round.")
+@click.option("--discovery", type=click.Choice(DISCOVERY_KINDS), default=DiscoveryConfig.discovery, show_default=True,
+              help="How the islands find each other (join --discovery): 16 DHT nodes and their daemons on one 2-core "
+                   "machine take most of its CPU, so the ZeroMQ fallback measures the training there.")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the runs here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def bench_churn(islands, tokens, kills, late, runs, seed, local_steps, workdir, as_json) -> None:
+def bench_churn(islands, tokens, kills, late, runs, seed, local_steps, discovery, workdir, as_json) -> None:
     """A swarm through churn: islands killed and resumed, late joiners, against the same swarm without:
     eval loss, mixes per round, the load each island serves, partial mixes, processes left behind."""
     from p2p_diloco.bench.churn import run_bench_churn, table
 
     try:
-        out = run_bench_churn(islands, tokens, kills, late, runs, seed, local_steps,
+        out = run_bench_churn(islands, tokens, kills, late, runs, seed, local_steps, discovery,
                               workdir=Path(workdir) if workdir else None,
                               log=lambda msg: click.echo(msg, err=True))
     except ValueError as e:
