@@ -77,6 +77,11 @@ def _pct(ratio: float) -> str:
     return f"{ratio - 1:+.2%}"
 
 
+def _held(out: dict, way: str) -> str:
+    """`bench shard`'s bytes each rank holds, one way, in MiB."""
+    return " / ".join(f"{r['held_bytes'] / 2**20:.0f}" for r in out[way]["rows"]) + " MiB"
+
+
 def _churn_sum(out: dict, key: str) -> int:
     """A count over the churn swarms' runs (`left_behind` is a list of processes)."""
     return sum(len(r[key]) if isinstance(r[key], list) else r[key] for r in out["churn"]["per_run"])
@@ -109,6 +114,10 @@ CLAIMS: tuple[Claim, ...] = (
           lambda o: f"{_auto(o)['blocked_s']:.2f} s (outer step {_auto(o)['outer_s']:.2f} s)",
           lambda o: "median of 5 rounds", "<= the outer step + 2 clones",
           lambda o: _auto(o)["blocked_s"] <= _auto(o)["outer_s"] + 2 * _auto(o)["clone_s"], "Every second trains"),
+    Claim("memory per rank of a 2-rank torchrun island: held by ranks 0 / 1, sharded (FSDP2) and replicated (DDP)",
+          "shard", lambda o: f"fsdp {_held(o, 'fsdp')}, ddp {_held(o, 'replicate')}",
+          lambda o: f"{o['fsdp']['preset']}, {o['fsdp']['total_params'] / 1e6:.2f}M parameters", "report",
+          lambda o: None, "Sharded islands"),
     Claim("attacks inside the honest spread: worst honest island against the clean mean (4 honest, 2 members)",
           "attack", lambda o: ", ".join(f"{k} {_pct(a['worst_ratio_to_clean_mean'])}" for k, a in o["attacks"].items()),
           lambda o: f"mean {', '.join(_pct(a['ratio_to_clean_mean']) for a in o['attacks'].values())}; "
@@ -124,7 +133,8 @@ CLAIMS: tuple[Claim, ...] = (
           lambda o: f"{o['islands_vs_plain']:.2f}", lambda o: o["device"], "report", lambda o: None, "GPU check"),
     Claim("churn: a quarter of the islands killed and resumed, 2 late: worst island against the same swarm without",
           "churn", lambda o: _pct(o["churn"]["worst_ratio_to_steady_mean"]),
-          lambda o: f"mean {_pct(o['churn']['ratio_to_steady_mean'])}; {o['islands']} islands, {o['runs']} runs; "
+          lambda o: f"mean {_pct(o['churn']['ratio_to_steady_mean'])}; {o['islands']} islands, "
+                    f"{o['runs']} run{'s' if o['runs'] > 1 else ''}; "
                     f"partial mixes {_churn_sum(o, 'partial_mixes')}, left behind {_churn_sum(o, 'left_behind')}, "
                     f"most served {max(r['most_served_to_mean'] for r in o['churn']['per_run']):.2f}x the mean",
           "within 2%; 0 partial, 0 left; most served <= 2x",
