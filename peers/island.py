@@ -101,7 +101,8 @@ class SwarmIsland(IslandReports):
          self.tally, self.alone, self.rounds) = parts.partner_side(
             opened, self.identity, self.outer, diloco=self.diloco, network=self.network, island=self.cfg,
             exchange=self.exchange, optimizer=optimizer, scheduler=scheduler, inbox=self.inbox, link=link,
-            probe_fn=probe_fn, timebook=self.timebook, stopped=lambda: self._stop_asked)  # (`peers.parts`)
+            probe_fn=None if probe_fn is None else lambda: self.timebook.timed("probe", probe_fn),
+            stopped=lambda: self._stop_asked)  # (`peers.parts`)
         self.metrics = MetricsLog(self.cfg.run_dir, sinks)
         (self.cfg.run_dir / "island.json").write_text(json.dumps({"peer_id": self.peer_id, "name": self.name,
                                                                   "endpoint": self.server.endpoint}))

@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from p2p_diloco.peers.gossip.reach import PushInbox
     from p2p_diloco.peers.identity import Identity
     from p2p_diloco.peers.opening import Opened
-    from p2p_diloco.peers.rounds.timebook import TimeBook
 
 PublisherFactory = Callable[["SnapshotServer", "OuterLoop", "Exchange", "Identity"], Publisher]
 
@@ -81,11 +80,10 @@ class IslandParts:
     def partner_side(self, opened: Opened, identity: Identity, outer: OuterLoop, *, diloco: DiLoCoConfig,
                      network: NetworkConfig, island: IslandConfig, exchange: Exchange,
                      optimizer: torch.optim.Optimizer, scheduler: Any, inbox: PushInbox, link: EmulatedLink | None,
-                     probe_fn: Callable[[], Any] | None, timebook: TimeBook,
-                     stopped: Callable[[], bool]) -> PartnerSide:
+                     probe_fn: Callable[[], Any] | None, stopped: Callable[[], bool]) -> PartnerSide:
         """Build the partner side around the island's opened sockets and membership (`peers.opening`),
         its identity and its outer loop; `stopped()` says the island was asked to stop, `probe_fn`
-        is the effect probe's held-out loss (booked as `probe` in the island's `timebook`)."""
+        is the effect probe's held-out loss."""
         server, reach, membership, secret = opened.server, opened.reach, opened.membership, opened.discovery.secret
         publisher = self.publisher(server, outer, exchange, identity)
         source = StateSource(identity, outer, membership, network, secret, stopped, relay=reach.relay)
@@ -98,8 +96,7 @@ class IslandParts:
                                  relay=reach.relay is not None, rng=random.Random(identity.peer_id),
                                  ring=exchange.ring)
         catching_up = CatchingUp(identity.name, source, publisher.public_side.restart)
-        checks = build_checks(self.admission, outer,
-                              None if probe_fn is None else lambda: timebook.timed("probe", probe_fn), self.checks)
+        checks = build_checks(self.admission, outer, probe_fn, self.checks)
         admission = Admission(checks, identity, outer, chooser, publisher, membership.members, stale_lag=STALE_LAG,
                               catch_up=lambda peer, v: catching_up.start(peer, v, rounds.label(peer)))
         guard = DivergenceGuard(identity.name, outer, optimizer, scheduler, on_blame=admission.refuse)

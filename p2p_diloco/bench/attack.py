@@ -28,9 +28,8 @@ import time
 from pathlib import Path
 from statistics import fmean, stdev
 
-from p2p_diloco.bench.swarm import rounds
+from p2p_diloco.bench.swarm import final_losses, rounds
 from p2p_diloco.config import DiLoCoConfig, ModelConfig, TrainConfig
-from p2p_diloco.peers.state import checkpoint
 from p2p_diloco.choices import HONEST_MEMBERS, POISONS
 from p2p_diloco.errors import DataError
 from p2p_diloco.peers.launch.demo import Swarm
@@ -130,10 +129,6 @@ def run_bench_attack(kinds: tuple[str, ...] = KINDS, honest: int = 3, tokens: in
     other_data = other_corpus(workdir) if "other-data" in kinds else None  # (before any swarm: it may be missing)
     simulation = Simulation(SimConfig(islands=honest), ModelConfig(), TrainConfig(), DiLoCoConfig(), load_corpus())
 
-    def losses(run_dir: Path, names: list[str]) -> list[float]:
-        return [simulation.evaluate_vector(checkpoint.load(checkpoint.latest(run_dir / n / "checkpoints"))
-                                           .tensors[checkpoint.ANCHOR]) for n in names]
-
     started = time.monotonic()
     clean, counts = [], {"false_refusals": 0, "mixes": 0, "mixes_bounded": 0, "diverged": 0}
     found: dict[str, dict] = {kind: {"eval_loss": [], "diverged": 0, "member_states_refused": 0,
@@ -141,7 +136,7 @@ def run_bench_attack(kinds: tuple[str, ...] = KINDS, honest: int = 3, tokens: in
     for run in range(runs):
         run_dir = workdir / f"clean-{run}" if runs > 1 else workdir / "clean"
         names, _ = _run(run_dir, honest, None, tokens, latency_ms, bandwidth_mbps, members=members)
-        clean.append(losses(run_dir, names))
+        clean.append(final_losses(simulation, run_dir, names))
         rows = [r for n in names for r in rounds(run_dir / n)]
         counts["false_refusals"] += sum(len(r.get("refused_from", [])) + bool(r.get("refused")) for r in rows)
         counts["mixes"] += sum(1 for r in rows if r.get("weight"))
@@ -151,7 +146,7 @@ def run_bench_attack(kinds: tuple[str, ...] = KINDS, honest: int = 3, tokens: in
             run_dir = workdir / f"{kind}-{run}" if runs > 1 else workdir / kind
             names, hostile = _run(run_dir, honest, kind, tokens, latency_ms, bandwidth_mbps, other_data, members)
             f = found[kind]
-            f["eval_loss"].append(losses(run_dir, names))
+            f["eval_loss"].append(final_losses(simulation, run_dir, names))
             f["diverged"] += _diverged(run_dir, names)
             rows = [r for n in names for r in rounds(run_dir / n)]
             refused_mid_round = sum(sum(p in hostile for p in r.get("refused_from", [])) for r in rows)

@@ -22,7 +22,6 @@ the processes an island's session still held after it ended (processes left behi
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
@@ -34,12 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean, median
 
+from p2p_diloco import procs
 from p2p_diloco.bench.attack import judged
-from p2p_diloco.bench.swarm import rounds
+from p2p_diloco.bench.swarm import final_losses, rounds
 from p2p_diloco.config import DiLoCoConfig, DiscoveryConfig, ModelConfig, NetworkConfig, TrainConfig
 from p2p_diloco.peers.launch.demo import Swarm
-from p2p_diloco.peers.reports.metrics import read_metrics
-from p2p_diloco.peers.state import checkpoint
 
 RESTART_AFTER_S = 5.0
 """Seconds between an island's kill and its start again."""
@@ -85,17 +83,8 @@ class Life:
 
 def session_processes(sessions: set[int]) -> list[str]:
     """The live processes (not zombies) of these sessions: `pid command` each."""
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        state, _ppid, _pgrp, session = stat[stat.rindex(")") + 2:].split()[:4]
-        if int(session) in sessions and state != "Z":
-            out.append(f"{pid} {cmd.strip()[:120]}")
-    return out
+    return [f"{p.pid} {procs.command(p.pid)[:120]}" for p in procs.processes()
+            if p.session in sessions and p.state != "Z"]
 
 
 def partial_mixes(rows: list[dict]) -> int:
@@ -241,8 +230,7 @@ def figures(run: SwarmRun) -> dict:
     out["kills"] = [{"island": life.name, "after_rounds": life.rows_at_kill} for life in run.lives if life.killed_at]
     out["late_joiners"] = []
     for n in run.schedule.late:
-        mine = [r for r in read_metrics(run.workdir / n) if "round" in r]
-        first = mine[0] if mine else None
+        first = rows[n][0] if rows[n] else None
         swarm = max((r["version"] for m in run.names if m != n for r in rows[m] if first and r["time"] <= first["time"]),
                     default=None)
         spent = _summary(run.workdir, n).get("spent", {})
@@ -283,8 +271,7 @@ def run_bench_churn(islands: int = 16, tokens: int | None = None, kills: int | N
             run = SwarmRun(workdir / f"{kind}-{k}", names, args, entry, schedule, log=log)
             run.workdir.mkdir(parents=True, exist_ok=True)
             run.run(timeout_s)
-            losses = [simulation.evaluate_vector(checkpoint.load(checkpoint.latest(run.workdir / n / "checkpoints"))
-                                                 .tensors[checkpoint.ANCHOR]) for n in names]
+            losses = final_losses(simulation, run.workdir, names)
             done[kind].append((losses, figures(run)))
     steady_mean = fmean(fmean(losses) for losses, _ in done["steady"])
     out = {"islands": islands, "tokens_per_island": tokens, "local_steps": local_steps, "kills": kills, "late": late,

@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from p2p_diloco import procs
 from p2p_diloco.config import DiscoveryConfig
 from p2p_diloco.peers.launch.demo import Swarm
 
@@ -132,15 +133,10 @@ def _joined(log_file: Path, kind: str) -> int:
 
 
 def _children() -> dict[int, list[int]]:
-    """Each live process's children, from /proc."""
+    """Each live process's children."""
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
+    for p in procs.processes():
+        children.setdefault(p.ppid, []).append(p.pid)
     return children
 
 

@@ -87,6 +87,16 @@ def _churn_sum(out: dict, key: str) -> int:
     return sum(len(r[key]) if isinstance(r[key], list) else r[key] for r in out["churn"]["per_run"])
 
 
+def _most_served(out: dict) -> float:
+    """The most loaded island's fetches served against the mean, the largest over the churn swarms."""
+    return max(r["most_served_to_mean"] for r in out["churn"]["per_run"])
+
+
+def _honest_refusals(out: dict) -> int:
+    """`bench links`: refusals between honest islands, every scenario together."""
+    return sum(s["honest_refusals"] for s in out["scenarios"].values())
+
+
 def _auto(out: dict) -> dict:
     """`bench round`'s row of the default exchange."""
     return next(r for r in out["rows"] if r["exchange"] == "auto")
@@ -126,9 +136,8 @@ CLAIMS: tuple[Claim, ...] = (
           lambda o: all(a["worst_ratio_to_clean_mean"] <= 1.01 and a["ratio_to_clean_mean"] <= 1.005
                         for a in o["attacks"].values()), "Robustness: one admission"),
     Claim("link events: refusals between honest islands (slow uplink, a link down)", "links",
-          lambda o: str(sum(s["honest_refusals"] for s in o["scenarios"].values())),
-          lambda o: f"{o['runs']} run each of {', '.join(o['scenarios'])}", "0", 
-          lambda o: sum(s["honest_refusals"] for s in o["scenarios"].values()) == 0, "Link events"),
+          lambda o: str(_honest_refusals(o)), lambda o: f"{o['runs']} run each of {', '.join(o['scenarios'])}", "0",
+          lambda o: _honest_refusals(o) == 0, "Link events"),
     Claim("GPU check: islands' tokens/s against a plain loop on the same GPU", "gpu",
           lambda o: f"{o['islands_vs_plain']:.2f}", lambda o: o["device"], "report", lambda o: None, "GPU check"),
     Claim("churn: a quarter of the islands killed and resumed, 2 late: worst island against the same swarm without",
@@ -136,13 +145,13 @@ CLAIMS: tuple[Claim, ...] = (
           lambda o: f"mean {_pct(o['churn']['ratio_to_steady_mean'])}; {o['islands']} islands, "
                     f"{o['runs']} run{'s' if o['runs'] > 1 else ''}; "
                     f"partial mixes {_churn_sum(o, 'partial_mixes')}, left behind {_churn_sum(o, 'left_behind')}, "
-                    f"most served {max(r['most_served_to_mean'] for r in o['churn']['per_run']):.2f}x the mean",
+                    f"most served {_most_served(o):.2f}x the mean",
           "within 2%; 0 partial, 0 left; most served <= 2x",
           lambda o: o["churn"]["worst_ratio_to_steady_mean"] <= 1.02 and _churn_sum(o, "partial_mixes") == 0
                     and _churn_sum(o, "left_behind") == 0
-                    and max(r["most_served_to_mean"] for r in o["churn"]["per_run"]) <= 2, "Churn"),
+                    and _most_served(o) <= 2, "Churn"),
     Claim("discovery at size: 32 members joining one bootstrap node over the DHT", "discovery-dht-32",
-          lambda o: f"{o['saw_all']} of {o['members']} saw all", 
+          lambda o: f"{o['saw_all']} of {o['members']} saw all",
           lambda o: f"started by {o['slowest_start_s']:.0f} s; {statistics.mean(o['memory_bytes']) / 2**20:.0f} MiB each",
           "64 members, each sees all within 120 s", lambda o: False, "Discovery at size"),
     Claim("discovery at size: 32 members over the ZeroMQ fallback", "discovery-zmq-32",

@@ -30,6 +30,12 @@ def rounds(run_dir: Path) -> list[dict]:
     return [r for r in read_metrics(run_dir) if "round" in r]
 
 
+def final_losses(simulation, run_dir: Path, names: list[str]) -> list[float]:
+    """Each island's last checkpointed anchor, evaluated on `simulation`'s held-out batches."""
+    return [simulation.evaluate_vector(checkpoint.load(checkpoint.latest(run_dir / n / "checkpoints"))
+                                       .tensors[checkpoint.ANCHOR]) for n in names]
+
+
 def utilization(rows: list[dict]) -> float:
     """Share of an island's training wall time spent in inner steps, from its round rows."""
     return sum(r["inner_s"] for r in rows) / max(rows[-1]["wall_s"], 1e-9) if rows else 0.0
@@ -89,8 +95,7 @@ def run_bench_swarm(islands: int = SimConfig.islands, tokens: int = SimConfig.to
     gossip, dp = simulation.run("gossip"), simulation.run("dp")
     per_run = []
     for run_dir, names, summaries, rows, wall_s in swarms:
-        losses = [simulation.evaluate_vector(checkpoint.load(checkpoint.latest(run_dir / n / "checkpoints")).tensors[checkpoint.ANCHOR])
-                  for n in names]
+        losses = final_losses(simulation, run_dir, names)
         mean = sum(losses) / len(losses)
         per_run.append({"swarm_eval_loss": mean, "ratio_to_dp": mean / dp.eval_loss,
                         "ratio_to_sim_gossip": mean / gossip.eval_loss, "per_island_eval_loss": losses,

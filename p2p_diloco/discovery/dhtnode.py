@@ -27,6 +27,7 @@ from hivemind.p2p import PeerID
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 from hivemind.utils.multiaddr import Multiaddr
 
+from p2p_diloco import procs
 from p2p_diloco.discovery import hivemind_compat as compat
 from p2p_diloco.discovery.patience import try_timeout
 from p2p_diloco.errors import BootstrapUnanswered
@@ -71,37 +72,16 @@ def _end_with_owner(owner: int) -> None:
     those still there after a second, and exit."""
     while os.getppid() == owner:
         time.sleep(OWNER_POLL_S)
-    children = _children(os.getpid())
+    me = os.getpid()
+    children = [p.pid for p in procs.processes() if p.ppid == me]
     for pid in children:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + 1.0
-    while (children := [pid for pid in children if _alive(pid)]) and time.monotonic() < deadline:
+    while (children := [pid for pid in children if procs.alive(pid)]) and time.monotonic() < deadline:
         time.sleep(0.05)
     for pid in children:
         _signal(pid, signal.SIGKILL)
     os._exit(0)
-
-
-def _children(parent: int) -> list[int]:
-    """The processes whose parent is `parent` (Linux's /proc; elsewhere none are found)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else ()):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if int(stat[stat.rindex(")") + 2:].split()[1]) == parent:
-            found.append(int(pid))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _signal(pid: int, sig: int) -> None:
