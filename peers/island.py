@@ -7,12 +7,10 @@
             if island.done:
                 break
 
-`SwarmIsland` is the facade over the parts that talk to the swarm (docs/DESIGN.md, 2.5.1). The
-user's loop takes the inner steps; `step()`, called after each one, does the rest between two of
-them (`peers.rounds.schedule`: keep a fetch going, mix what arrived, end the round), never waiting on the
-network; a round's end takes the outer step and a snapshot of the state, which the publisher's
-thread encodes, serves and announces while the next round trains (`peers.gossip.publishing`), then
-evaluates, logs and checkpoints; where every second goes is booked (`peers.rounds.timebook`).
+`SwarmIsland` is the facade over the parts that talk to the swarm (docs/DESIGN.md, 2.5.1): it builds
+them, starts (resumes, joins, waits for members) and leaves. The user's loop takes the inner steps;
+`step()`, called after each one, does the rest between two of them (`peers.rounds.steps`); what the
+island reports of itself is `peers.reports.island`.
 
 `done` turns True at a `step()` that ended the island's budget (rounds, tokens, seconds) or followed
 `stop()`; under torchrun every rank sees it at the same step (`peers.torchrun.distributed`). `join` uses it.
@@ -23,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -35,13 +32,13 @@ from p2p_diloco.core.params import fingerprint, weights_digest
 from p2p_diloco.core.spec import ModelSpec
 from p2p_diloco.discovery.records import island_label
 from p2p_diloco.exchange.linkemu import EmulatedLink
-from p2p_diloco.peers.torchrun.distributed import CARRY_ON, NEW_ROUND, STOP, SYNC, IntraIsland
+from p2p_diloco.peers.torchrun.distributed import STOP, SYNC, IntraIsland
 from p2p_diloco.peers.identity import Identity
 from p2p_diloco.peers.reports.island import IslandReports
 from p2p_diloco.peers.reports.metrics import LinkRates, MetricsLog, summary_line
 from p2p_diloco.peers.gossip.reach import Door, PushInbox
-from p2p_diloco.peers.reports.figures import StepLosses, loss_of
-from p2p_diloco.peers.rounds.schedule import ANNOUNCE_EVERY_S
+from p2p_diloco.peers.rounds.losses import StepLosses
+from p2p_diloco.peers.rounds.steps import IslandSteps
 from p2p_diloco.peers.reports.sinks import RunInfo
 from p2p_diloco.peers.opening import leave, open_island
 from p2p_diloco.peers.parts import IslandParts
@@ -54,7 +51,7 @@ ABANDON_FETCH_S = 1.0
 """On leaving, how long a running fetch may finish before it is abandoned."""
 
 
-class SwarmIsland(IslandReports):
+class SwarmIsland(IslandSteps, IslandReports):
     """One island of a swarm around a user's model and inner optimizer (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None, *,
@@ -178,98 +175,6 @@ class SwarmIsland(IslandReports):
             self.state = "syncing"
             self.tally.bytes_in += self.source.adopt(self.source.download(others, self.cfg.join_timeout_s), bool(self.round))
 
-    def step(self, loss: Any = None, tokens: int | None = None) -> None:
-        """Call after each inner optimizer step: round bookkeeping, mixing and gossip (see the module docstring).
-
-        `loss` (a float, a one-element tensor, or an object with a `.loss` tensor such as a Hugging Face
-        `ModelOutput`; else a `TypeError`) is what the dashboard shows and what the divergence guard
-        checks (a tensor on an accelerator is read only with others, at most `READ_EVERY` steps
-        later: `peers.reports.figures.StepLosses`); `tokens` those the step trained on on this process
-        (default `tokens_per_step`), counted for the budget and for token-weighted mixing."""
-        if not self._started or self._closed:
-            raise RuntimeError("SwarmIsland.step() before start() (use `with join(...) as island:`) or after close()")
-        if self.done:
-            return
-        value = None if loss is None else loss_of(loss)  # (a TypeError leaves the island as it was)
-        now = time.monotonic()
-        rnd = self.rounds.rnd
-        rnd.compute_s += now - self._returned_at
-        self.timebook.add("inner", now - self._returned_at)
-        if value is not None:
-            self.losses.add(value)
-        self.outer.round_steps += 1
-        rnd.tokens += (self.tokens_per_step if tokens is None else tokens) * self.world
-        heartbeat = now - rnd.last_announce >= ANNOUNCE_EVERY_S and not self.publisher.busy()
-        ended = self.rounds.over(self.own_tokens)
-        if heartbeat or ended or self.losses.due():
-            self._read_losses()
-        if heartbeat:  # keep watchers current mid-round
-            self.membership.announce(self.record(self.rounds.tokens_per_s()))
-            rnd.last_announce = now
-        if ended:
-            self._end_round()
-            self.done = self.rounds.budget_spent(self.round, self.own_tokens)
-            self.rounds.begin(rnd.compute_s)
-        if not self.done:
-            with self.timebook.spend("mix"):
-                self.rounds.between_steps()
-        else:  # (before STOP: the other ranks take the weights the final mix made, and gather with it)
-            self._final()
-        changed = self.weights_changed or self.rounds.mixing.changed
-        self._tell_ranks(STOP if self.done else NEW_ROUND if ended else SYNC if changed else CARRY_ON)
-        self._returned_at = time.monotonic()
-        self.timebook.step_done(self._returned_at - now)
-
-    def _read_losses(self) -> None:
-        """The losses kept since the last read, to the divergence guard (after a roll-back, the rest
-        were of weights it undid). Waiting for them is waiting for the inner steps queued on the device."""
-        t0 = time.monotonic()
-        with self.timebook.spend("inner"):
-            values = self.losses.read()
-        self.rounds.rnd.compute_s += time.monotonic() - t0
-        for value in values:
-            self._loss = value
-            if self.guard.after_step(value, self.rounds.mixing.suspect()):
-                self.weights_changed = True
-                break
-
-    def _final(self) -> None:
-        """After the last round: the last publish served, then the final mix (`Rounds.final_mix`)."""
-        t0 = time.monotonic()
-        self.timebook.frozen = True  # (the last round's end is past: what follows is `final`)
-        self.publisher.flush()
-        if self.diloco.final_mix and not self._stop_asked:
-            info = self.rounds.final_mix()
-            if info is not None:
-                self.metrics.write({"final_mix": info})
-        self.timebook.final_s += time.monotonic() - t0
-
-    def _end_round(self) -> None:
-        """Mix what arrived after the last step, take the outer step (`Rounds.finish`), snapshot the
-        state for the publishing thread (which serves and announces it), then evaluate, checkpoint and
-        log, each booked in the time book."""
-        rnd = self.rounds.rnd
-        with self.timebook.spend("end"):
-            if not self.guard.weights_finite():  # never an outer step from non-finite weights
-                self.guard.roll_back("non-finite weights at the round's end", self.rounds.mixing.suspect())
-            info, steps = self.rounds.finish()
-            self.round += 1
-            self.own_tokens += rnd.tokens
-            self.publish()
-        if self.round % self.cfg.eval_every == 0:
-            with self.timebook.spend("eval"):
-                self.eval_loss = self._evaluate()
-        if self.round % self.cfg.checkpoint_every == 0:
-            with self.timebook.spend("checkpoint"):
-                self.save_checkpoint()
-        self._log_round(info, steps, rnd.compute_s)
-
-    def _tell_ranks(self, cmd: int) -> None:
-        """Under torchrun, what this step did, to the other ranks (`peers.torchrun.distributed`)."""
-        self.weights_changed = self.rounds.mixing.changed = False
-        if self.group is not None:
-            self.group.tell(cmd, self.outer.slices.params)
-
     def close(self) -> dict[str, Any]:
         """Leave cleanly: abandon the fetch, checkpoint, evaluate, remove the record, close sockets; the summary."""
         if self._closed:  # (safe to call twice)
@@ -291,22 +196,3 @@ class SwarmIsland(IslandReports):
         self.metrics.write({"summary": self._summary})
         if not self.cfg.quiet:  # mixes, refusals and why it trained alone, if it did (`summary_line`)
             summary_line(self._summary)
-
-    # -- state -----------------------------------------------------------------------------------
-    def save_checkpoint(self) -> Path | None:
-        """Write the whole island (`peers.state.saving`); None when it would hold non-finite values."""
-        return self.saver.save(self.round, self.own_tokens)
-
-    def _evaluate(self) -> float | None:
-        return None if self.eval_fn is None else float(self.eval_fn())
-
-    def publish(self, wait: bool = False) -> None:
-        """Snapshot the state for the publishing thread, which serves it, then pushes it to the relay
-        and announces the record made now (`peers.gossip.publishing`); `wait`: until it is served."""
-        record = self.record(self.rounds.tokens_per_s())
-
-        def served() -> None:
-            self.gossip.push_to_relay()
-            self.membership.announce(record.replace(published_at=self.publisher.published_at, timestamp=time.time()))
-        self.publisher.publish(self.rounds.choice.parts(self.publisher.public_side.update_bytes, self.membership.members()),
-                               then=served, wait=wait)

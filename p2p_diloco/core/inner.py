@@ -6,7 +6,7 @@ weights are reset to the anchor, the Adam moments carry on.
 On an accelerator a step never waits for the device: AdamW is fused (one kernel for all
 parameters), a step with a non-finite loss or gradient norm is skipped on the device (the fused
 optimizer's `found_inf`, as a gradient scaler uses it), and the loss comes back as a tensor that
-nobody reads until it is logged (`peers.reports.figures.StepLosses`). On the host the loss is read at
+nobody reads until it is logged (`peers.rounds.losses.StepLosses`). On the host the loss is read at
 once (it costs nothing there) and a non-finite one skips the backward pass too. `[train] compile`
 runs the training forward through `torch.compile` (by default on CUDA); a compilation that fails
 falls back to eager, said once.

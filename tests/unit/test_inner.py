@@ -14,7 +14,7 @@ from p2p_diloco.core.device import copy_async
 from p2p_diloco.core.inner import InnerLoop, compiled, make_optimizer
 from p2p_diloco.core.model import build_model
 from p2p_diloco.errors import ConfigError
-from p2p_diloco.peers.reports.figures import READ_EVERY, StepLosses, loss_of
+from p2p_diloco.peers.rounds.losses import READ_EVERY, StepLosses, loss_of
 
 
 def tiny() -> torch.nn.Module:
