@@ -79,10 +79,11 @@ class GateSettings:
 class TrustSettings:
     """`trust`: each partner's record, over its states, of how far back they sat and what their mixes did."""
 
-    behind: float = 1.0
+    behind: float = 0.5
     """Rounds back along the island's progress (beyond its lag) an honest state reaches: a state of the
-    same version lacks the part of the island's last step its own did not share (0-0.5 rounds in
-    `bench attack`'s clean runs)."""
+    same version lacks the part of the island's last step its own did not share (-0.06 to 0.63 rounds
+    in `bench attack`'s clean run, where `alie`'s sat 1.1-2.5 and `ipm`'s 0.5-2.1: at 1.0 most of
+    `ipm`'s were mixed whole)."""
     slack: float = 0.25
     """A partner whose record (rounds back beyond `behind`, and its mixes' rise of the held-out loss in
     the probe's tolerance, averaged) stays within this is mixed as it comes; beyond, at `slack / record`."""
@@ -91,12 +92,16 @@ class TrustSettings:
     step: float = 0.1
     """Rounds of the island's progress one mix may take back beyond what an honest state of its lag does:
     a state `x` rounds further back than `behind` is mixed at `step / x` at most, from its first state on."""
+    agree: float = 1.0
+    """How far a member's report of a partner (`IslandRecord.doubts`) may lie from this island's own record
+    of it: a member that reports one partner farther off than this is not heard on any."""
 
     def __post_init__(self) -> None:
         _require(self.behind >= 0, "trust", "behind", ">= 0", self.behind)
         _require(self.step > 0, "trust", "step", "> 0", self.step)
         _require(self.slack > 0, "trust", "slack", "> 0", self.slack)
         _require(0 <= self.memory < 1, "trust", "memory", "in [0, 1)", self.memory)
+        _require(self.agree > 0, "trust", "agree", "> 0", self.agree)
 
 
 @dataclass(frozen=True, kw_only=True)

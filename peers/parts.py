@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from p2p_diloco.admission import AdmissionConfig
 from p2p_diloco.peers.admission.admission import Admission
+from p2p_diloco.peers.admission.ledger import PartnerLedger
 from p2p_diloco.peers.admission.registry import build_checks
+from p2p_diloco.peers.admission.trust import share, standing
 from p2p_diloco.peers.gossip.measure import measure
 from p2p_diloco.peers.gossip.partners import PartnerChooser
 from p2p_diloco.peers.gossip.publishing import Publisher
@@ -72,6 +74,9 @@ class IslandParts:
     """The checks partners' states get, in order, and their settings (`peers.admission`)."""
     checks: Sequence[Check] = ()
     """More checks, after the configured ones: fault injection's watchers of what the island admits."""
+    ledger: Callable[[str], PartnerLedger] = PartnerLedger
+    """Builds the island's memory of its partners, from its name (`peers.admission.ledger`; fault
+    injection's liars tell other records of them)."""
     log: LogConfig = field(default_factory=LogConfig)
     """Where each round's figures go besides `metrics.jsonl` (`join --log-to`, the config file's `[log]`)."""
     sinks: SinkFactory = build_sinks
@@ -92,13 +97,17 @@ class IslandParts:
                                                            outer.state.m, snap.tensors.get("m")),
                               push_source=server.latest if reach.mode == "outbound" else None,
                               relay=reach.relay, link=link, **publisher.public_side.partner_copies())
+        ledger, trust = self.ledger(identity.name), self.admission.trust
+        trusts = "trust" in self.admission.checks
         chooser = PartnerChooser(identity.peer_id, diloco.max_staleness, model=identity.model,
                                  relay=reach.relay is not None, rng=random.Random(identity.peer_id),
-                                 ring=exchange.ring)
+                                 ring=exchange.ring,
+                                 share=lambda peer: share(standing(peer, ledger, membership.members(), trust), trust.slack)
+                                 if trusts else 1.0)
         catching_up = CatchingUp(identity.name, source, publisher.public_side.restart)
         checks = build_checks(self.admission, outer, probe_fn, self.checks)
-        admission = Admission(checks, identity, outer, chooser, publisher, membership.members, stale_lag=STALE_LAG,
-                              catch_up=lambda peer, v: catching_up.start(peer, v, rounds.label(peer)))
+        admission = Admission(checks, identity, outer, chooser, publisher, membership.members, ledger,
+                              stale_lag=STALE_LAG, catch_up=lambda peer, v: catching_up.start(peer, v, rounds.label(peer)))
         guard = DivergenceGuard(identity.name, outer, optimizer, scheduler, on_blame=admission.refuse)
         tally = Tally()
         alone = AloneWatch(identity.name, bootstrap=bool(opened.discovery.bootstrap),

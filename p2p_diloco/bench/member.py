@@ -27,6 +27,9 @@ nothing of them is in the product's own path and every part of the island holds 
 The member is honest but for what it publishes: it fetches, checks and mixes its partners' states
 as any island does (its public state follows what it publishes, so it mixes public states too).
 What it knows of the honest states is what it admitted (`Seen`, a check appended to its own).
+What it tells of its partners lies (`LyingLedger`): it doubts every honest island as much as a record
+can, and vouches for the members named as it is (`member...`, `bench attack`'s names), so that
+colluders' reports pull the swarm's reading of every island the wrong way (`peers.admission.trust`).
 
 `p2p-diloco bench attack` measures the swarm's defences against each poison (BENCHMARKS.md).
 """
@@ -38,15 +41,18 @@ import logging
 import statistics
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 import torch
 
 from p2p_diloco.choices import POISONS
+from p2p_diloco.discovery.records import MAX_DOUBT, MAX_DOUBTS, IslandRecord
 from p2p_diloco.config import TrainConfig
 from p2p_diloco.core import codecs
 from p2p_diloco.exchange.linkemu import EmulatedLink
+from p2p_diloco.peers.admission.ledger import PartnerLedger
 from p2p_diloco.peers.admission.protocol import ADMIT, Candidate, Island, Verdict
 from p2p_diloco.peers.parts import IslandParts
 from p2p_diloco.peers.gossip.publishing import Publisher
@@ -63,6 +69,8 @@ IPM_EPSILON = 0.5
 """The multiple of the swarm's change per round that `ipm` publishes, negated."""
 SEEN = 4
 """Honest states `alie` remembers."""
+ACCOMPLICES = "member"
+"""How a poisoned member knows its accomplices: their names start so (`bench attack` names its members so)."""
 
 
 class SlowTrainer(Trainer):
@@ -169,6 +177,14 @@ class PoisonedPublisher(Publisher):
                              if self.kind == "claims" else job)
 
 
+class LyingLedger(PartnerLedger):
+    """A poisoned member's memory of its partners, which tells lies of them (see the module docstring)."""
+
+    def doubts(self, members: Mapping[str, IslandRecord]) -> dict[str, float]:
+        told = sorted(pid for pid in members if members[pid].name != self.owner)[:MAX_DOUBTS]
+        return {pid: 0.0 if members[pid].name.startswith(ACCOMPLICES) else MAX_DOUBT for pid in told}
+
+
 def poisoned(kind: str) -> IslandParts:
     """An island's parts that publish `kind` from its first publish on, all else honest."""
     seen = Seen()
@@ -177,7 +193,7 @@ def poisoned(kind: str) -> IslandParts:
         log.warning("fault injection: %s publishes %s states", identity.name, kind)
         return PoisonedPublisher(server, outer, exchange, identity, kind, seen)
 
-    return IslandParts(publisher=publisher, checks=(seen,))
+    return IslandParts(publisher=publisher, checks=(seen,), ledger=LyingLedger)
 
 
 def faults(slowdown: float = 1.0, poison_kind: str | None = None, link: EmulatedLink | None = None) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import dataclasses
 import hashlib
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from p2p_diloco.config import MAX_NAME_CHARS, REACH_MODES, valid_name
@@ -40,7 +40,12 @@ FINGERPRINT_CHARS = 20
 LABEL_ID_CHARS = 8
 """Characters of a peer id that stand for an island without a name (80-bit ids never collide in a
 swarm that size)."""
-OPTIONAL_FIELDS = ("name", "fetched_from", "fetched_bps", "utilization", "time_split", "lr", "budget", "eta_s")
+MAX_DOUBTS = 16
+"""Partners an island's record tells its doubts of, at most (`doubts`)."""
+MAX_DOUBT = 10.0
+"""The largest doubt a record tells (`peers.admission.probe.RECORD_MOST`: the most a record reaches)."""
+OPTIONAL_FIELDS = ("name", "fetched_from", "fetched_bps", "utilization", "time_split", "lr", "budget", "eta_s",
+                   "doubts")
 """Fields a record may lack (records of islands older than the field): they take their default."""
 
 _INT_FIELDS = ("version", "tokens", "bytes_sent", "bytes_received", "refused")
@@ -64,6 +69,18 @@ def label_among(records: Mapping[str, IslandRecord], peer_id: str | None) -> str
     """`island_label` of `peer_id`, named as its record among `records` names it (a partner's label)."""
     record = records.get(peer_id) if peer_id else None
     return island_label(record.name if record is not None else None, peer_id)
+
+
+def _doubts(doubts: Any) -> dict[str, float]:
+    """`doubts` checked (see `IslandRecord.doubts`), its values as floats."""
+    rule = f"a map of at most {MAX_DOUBTS} peer ids ({FINGERPRINT_CHARS} characters at most) to numbers in [0, {MAX_DOUBT:g}]"
+    if not isinstance(doubts, Mapping) or len(doubts) > MAX_DOUBTS:
+        raise _bad("doubts", rule, doubts)
+    for peer, v in doubts.items():
+        if not (isinstance(peer, str) and len(peer) <= FINGERPRINT_CHARS and PEER_ID_RE.match(peer)) or isinstance(v, bool) \
+                or not isinstance(v, (int, float)) or not 0 <= v <= MAX_DOUBT:
+            raise _bad("doubts", rule, doubts)
+    return {peer: float(v) for peer, v in doubts.items()}
 
 
 def _bad(field: str, rule: str, value: Any) -> DiscoveryError:
@@ -149,6 +166,10 @@ class IslandRecord:
     name: str = ""
     """The island's name (`IslandConfig.name`; "" when it has none): see `island_label`. Optional
     (`OPTIONAL_FIELDS`): a record without it is read as nameless."""
+    doubts: dict[str, float] = field(default_factory=dict, hash=False)
+    """This island's record of its partners (`peers.admission.trust`), by peer id: how far their states
+    sat back and what their mixes did, in [0, `MAX_DOUBT`]; at most `MAX_DOUBTS` of them. Others read
+    it as one report among several (`trust.standing`). Optional."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.peer_id, str) and PEER_ID_RE.match(self.peer_id)):
@@ -184,6 +205,7 @@ class IslandRecord:
             v = getattr(self, name)
             if v is not None and not (isinstance(v, str) and PEER_ID_RE.match(v)):
                 raise _bad(name, "None or a peer id", v)
+        object.__setattr__(self, "doubts", _doubts(self.doubts))
 
     @property
     def label(self) -> str:
@@ -214,6 +236,8 @@ class IslandRecord:
         for name in _FLOAT_FIELDS + _OPTIONAL_FLOAT_FIELDS:
             if isinstance(data.get(name), int):
                 raise _bad(name, "a float (as to_dict writes it)", data[name])
+        if isinstance(data.get("doubts"), Mapping) and any(isinstance(v, int) for v in data["doubts"].values()):
+            raise _bad("doubts", "a map to floats (as to_dict writes it)", data["doubts"])
         return cls(**data)
 
     def replace(self, **changes: Any) -> IslandRecord:

@@ -48,8 +48,8 @@ NONCE_BYTES = 12
 TAG_BYTES = 16
 MIN_SEALED_BYTES = len(SEAL_VERSION) + NONCE_BYTES + TAG_BYTES
 MAX_SEALED_BYTES = 3072
-"""Largest blob accepted: the largest valid record with a peer-exchange endpoint seals to under 1.6 kB,
-and a ZeroMQ entry body (at most 4096 bytes) must still hold it."""
+"""Largest blob accepted: the largest valid record (every string at its longest, 16 doubts) with a
+peer-exchange endpoint seals to 2.7 kB, and a ZeroMQ entry body (at most 4096 bytes) must still hold it."""
 KEY_SALT = b"p2p-diloco discovery key v1"
 AAD_PREFIX = b"p2p-diloco sealed record v1|"
 KINDS = ("dht", "zmq")

@@ -63,7 +63,7 @@ class Admission:
 
     def __init__(self, checks: Sequence[Check], identity: Identity, outer: OuterLoop, chooser: PartnerChooser,
                  publisher: Publisher, members: Callable[[], Mapping[str, IslandRecord]],
-                 catch_up: Callable[[str, int], None] = lambda peer, version: None,
+                 ledger: PartnerLedger | None = None, catch_up: Callable[[str, int], None] = lambda peer, version: None,
                  stale_lag: int = 3) -> None:
         """`catch_up(peer, version)`: start catching up, `peer`'s state at `version` having shown this
         island `stale_lag` or more versions behind."""
@@ -72,7 +72,7 @@ class Admission:
         self.checks = list(checks)
         self.identity, self.outer, self.chooser, self.publisher = identity, outer, chooser, publisher
         self.members, self.catch_up, self.stale_lag = members, catch_up, stale_lag
-        self.ledger = PartnerLedger(identity.name)
+        self.ledger = PartnerLedger(identity.name) if ledger is None else ledger
         self.last_refused: str | None = None
         self.counts: Counter[str] = Counter()
         """How many states each figure of `COUNTED` was reported for."""

@@ -10,9 +10,12 @@ told by the admission.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
+
+from p2p_diloco.discovery.records import MAX_DOUBTS, IslandRecord
 
 log = logging.getLogger(__name__)
 
@@ -56,3 +59,10 @@ class PartnerLedger:
         said.add(what)
         log.warning("%s: %s: %s (said once for it; counted in the summary)", self.owner, label, message)
         return True
+
+    def doubts(self, members: Mapping[str, IslandRecord]) -> dict[str, float]:
+        """The records this island tells the swarm (`IslandRecord.doubts`): the `MAX_DOUBTS` highest of
+        the members among `members` (fault injection's liars read who they are)."""
+        told = sorted(((e.record, peer) for peer, e in self.entries.items() if e.record is not None and peer in members),
+                      reverse=True)[:MAX_DOUBTS]
+        return {peer: round(record, 3) for record, peer in told}

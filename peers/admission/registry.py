@@ -69,9 +69,13 @@ REGISTRY: dict[str, Registered] = {
         TrustCheck, lambda config, outer, probe_fn: TrustCheck(config.trust), "trust",
         "caps a state `x` rounds further back than `behind` beyond its lag at `step / x`, from the partner's first "
         "state; multiplies the weight by `slack / record` for a partner whose record (rounds its states sat back "
-        "beyond `behind`, and the rise of the held-out loss the probe measured for its mixes) exceeds `slack`",
-        "\"a little is enough\" and inner product manipulation sit inside the honest spread, one state at a time: "
-        "the record alone acted after 4-6 states (+2.5%), with the cap +1.2% / +1.4% (alie, one run)"),
+        "beyond `behind`, and the rise of the held-out loss the probe measured for its mixes) exceeds `slack`, "
+        "the record being the higher of its own and the lower median of what the members it hears report "
+        "(`IslandRecord.doubts`; not heard: members whose states sat back, or whose reports lie beyond `agree` "
+        "of its own); partner choice draws such a partner that much less",
+        "\"a little is enough\" and inner product manipulation sit inside the honest spread, one state at a time, "
+        "and one island meets a member too seldom for its own record to grow (4-6 states): see BENCHMARKS.md, "
+        "\"Robustness: one admission\""),
     "drift": Registered(
         DriftCheck, lambda config, outer, probe_fn: DriftCheck(config.drift), "drift",
         "caps the weight so that what all partners' mixes moved the island along one direction (less its own "

@@ -19,6 +19,8 @@ keeps everyone from fetching the same island. A candidate's weight multiplies:
   consecutive failure (2 s .. 60 s); a member whose states were refused before mixing (implausible,
   non-finite) `REFUSALS_TO_DROP` times in a row is set aside, for longer each time (`SET_ASIDE_S`);
 - variety: the partner of the previous round counts half;
+- standing: the share of its weight a partner's record leaves it (`share`; `peers.admission.trust`),
+  and a permutation partner whose record holds it is passed over for the draw;
 - model: a member whose record shows another model fingerprint is never a candidate;
 - who can dial whom: a member that runs outbound-only (`reach="outbound"`, behind a NAT) cannot be
   dialled, so it is a candidate only through the bootstrap's relay (`relay=True`); without one it
@@ -45,7 +47,7 @@ import random
 import statistics
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from p2p_diloco.core.schedule import ring_successor, shifted_partner, worth_fetching
@@ -102,6 +104,8 @@ class PartnerChooser:
     """The last partners picked, newest last."""
     excluded: set = field(default_factory=set)
     """Members never chosen again (their state did not fit this island's model)."""
+    share: Callable[[str], float] = lambda peer: 1.0
+    """The share of its weight a member's record leaves it, in (0, 1] (`peers.admission.trust.share`)."""
 
     @property
     def last(self) -> str | None:
@@ -139,7 +143,7 @@ class PartnerChooser:
             w /= 1 + r.upload_bps / total_upload
             if pid == self.last and len(others) > 1:
                 w *= LAST_PARTNER_FACTOR
-            weights[pid] = w
+            weights[pid] = w * self.share(pid)
         return weights
 
     def _same_model(self, pid: str, record: IslandRecord) -> bool:
@@ -179,7 +183,7 @@ class PartnerChooser:
         live = [pid for pid, r in members.items()
                 if r.state in ("training", "syncing") and not (self.model and r.model and r.model != self.model)]
         pick = shifted_partner(live, self.self_id, own_version)
-        if pick not in weights:
+        if pick not in weights or self.share(pick) < 1:
             return None
         rate, median = self.history.get(pick, _PeerHistory()).rate_bps, self.measured_rate(among=weights)
         return None if rate and median and rate * SLOW_PARTNER < median else pick

@@ -127,7 +127,8 @@ class IslandReports:
                             started_at=self.started_at, published_at=self.publisher.published_at,
                             timestamp=time.time(), model=self.identity.model, reach=self.reach.mode,
                             name=self.cfg.name or "", utilization=self.utilization(), time_split=self.timebook.split(),
-                            lr=self.lr, budget=budget, eta_s=eta_s)
+                            lr=self.lr, budget=budget, eta_s=eta_s,
+                            doubts=self.admission.ledger.doubts(self.admission.members()))
 
     @property
     def inner_seconds(self) -> float:

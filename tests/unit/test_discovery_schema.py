@@ -59,6 +59,8 @@ def test_an_owners_signed_record_and_tombstone_are_accepted(keys):
     {"version": 4.0}, {"tokens": "99"}, {"loss": float("nan")}, {"state": "sleeping"}, {"tokens_per_s": 1},
     {"endpoint": "tcp://" + "a" * 10_000 + ":1"}, {"version": 2**63}, {"last_partner": "x" * 100_000},
     {"evil": "extra field"}, {"reach": "auto"}, {"reach": None}, {"name": "n" * 33}, {"name": "line\nbreak"},
+    {"doubts": {"b" * 20: 11.0}}, {"doubts": {"b" * 20: 1}}, {"doubts": {"bad id!": 1.0}}, {"doubts": [1.0]},
+    {"doubts": {f"p{i:019d}": 1.0 for i in range(17)}}, {"doubts": {"b" * 20: float("nan")}},
 ])
 def test_a_record_off_the_schema_is_refused(keys, change):
     honest, _ = keys

@@ -32,7 +32,8 @@ def record(**kw) -> IslandRecord:
 def test_record_round_trips_through_dict_json_and_msgpack():
     r = record(last_partner="fedcba9876543210fedc", eval_loss=2.75, bytes_sent=10, bytes_received=20,
                fetched_from="fedcba9876543210fedc", fetched_bps=1e6, utilization=0.97,
-               time_split="inner 0.970 mix 0.010 end 0.010 eval 0.005 checkpoint 0.000 other 0.005")
+               time_split="inner 0.970 mix 0.010 end 0.010 eval 0.005 checkpoint 0.000 other 0.005",
+               doubts={"fedcba9876543210fedc": 0.25})
     assert IslandRecord.from_dict(r.to_dict()) == r
     assert IslandRecord.from_dict(json.loads(json.dumps(r.to_dict()))) == r
     assert IslandRecord.from_dict(msgpack.unpackb(msgpack.packb(r.to_dict()))) == r
@@ -40,10 +41,11 @@ def test_record_round_trips_through_dict_json_and_msgpack():
                                 "upload_bps", "download_bps", "bytes_sent", "bytes_received", "last_partner",
                                 "started_at", "published_at", "timestamp", "model", "refused", "last_refused", "alone", "fetches",
                                 "reach", "name", "fetched_from", "fetched_bps", "utilization", "time_split", "lr", "budget",
-                                "eta_s"}
-    older = {k: v for k, v in r.to_dict().items() if k not in ("fetched_from", "fetched_bps", "utilization", "time_split")}
+                                "eta_s", "doubts"}
+    older = {k: v for k, v in r.to_dict().items()
+             if k not in ("fetched_from", "fetched_bps", "utilization", "time_split", "doubts")}
     assert IslandRecord.from_dict(older) == r.replace(fetched_from=None, fetched_bps=0.0, utilization=0.0,
-                                                      time_split="")  # an older island's record
+                                                      time_split="", doubts={})  # an older island's record
     with pytest.raises(DiscoveryError, match="time_split"):
         r.replace(time_split="x" * 301)
     with pytest.raises(DiscoveryError, match="fetched_from"):

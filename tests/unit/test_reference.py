@@ -56,7 +56,7 @@ def test_every_check_and_section_has_its_row_with_its_settings():
     checks = design.checks_table().splitlines()[2:]
     assert [row.split("|")[1].strip(" `") for row in checks] == list(CHECKS)
     trust = next(row for row in checks if row.startswith("| `trust`"))
-    assert "`[admission.trust]` behind=1.0, slack=0.25, memory=0.7, step=0.1" in trust
+    assert "`[admission.trust]` behind=0.5, slack=0.25, memory=0.7, step=0.1, agree=1.0" in trust
     assert "`peers/admission/trust.py`" in trust and all(row.count("|") == 6 for row in checks)
     sections = design.sections_table({"island": IslandConfig, "admission": AdmissionConfig}).splitlines()[2:]
     assert sections[0].startswith("| `[island]` | `IslandConfig` (`p2p_diloco/config.py`) | run_dir='runs/island', ")
