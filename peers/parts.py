@@ -98,12 +98,12 @@ class IslandParts:
                               push_source=server.latest if reach.mode == "outbound" else None,
                               relay=reach.relay, link=link, **publisher.public_side.partner_copies())
         ledger, trust = self.ledger(identity.name), self.admission.trust
-        trusts = "trust" in self.admission.checks
+
+        def kept(peer: str) -> float:  # (the share of its weight a partner's record leaves it: `trust`)
+            return share(standing(peer, ledger, membership.members(), trust), trust.slack)
         chooser = PartnerChooser(identity.peer_id, diloco.max_staleness, model=identity.model,
                                  relay=reach.relay is not None, rng=random.Random(identity.peer_id),
-                                 ring=exchange.ring,
-                                 share=lambda peer: share(standing(peer, ledger, membership.members(), trust), trust.slack)
-                                 if trusts else 1.0)
+                                 ring=exchange.ring, share=kept if "trust" in self.admission.checks else lambda peer: 1.0)
         catching_up = CatchingUp(identity.name, source, publisher.public_side.restart)
         checks = build_checks(self.admission, outer, probe_fn, self.checks)
         admission = Admission(checks, identity, outer, chooser, publisher, membership.members, ledger,

@@ -30,9 +30,11 @@ partner (`standing`): the lower median of their reports, heard only from members
 this island has mixed and found within `slack`, and none of whose reports lies farther than `agree`
 from this island's own record of the same partner. Members that lie (doubting honest islands,
 vouching for each other) are not heard once they contradict what this island saw itself, or once
-their own states sat back, and until then move the median only where they are most of those heard. Nothing is refused: a partner whose states come back to where honest
-ones sit regains its weight within a few, and honest islands that trained apart (a link down, a
-partition) sit ahead as often as behind and lower each other's loss when they mix.
+their own states sat back, and until then move the median only where they are most of those heard.
+
+Nothing is refused: a partner whose states come back to where honest ones sit regains its weight
+within a few, and honest islands that trained apart (a link down, a partition) are mixed again at
+once, held a little for a round or two at most (BENCHMARKS.md, "Link events").
 """
 
 from __future__ import annotations
