@@ -66,3 +66,18 @@ def test_members_that_contradict_what_this_island_saw_are_not_heard_on_anything(
     assert standing("h2", vouched, told, S) is None
     honest = members(h1={"l2": 0.6, "m": 1.5})  # an honest report within `agree` of this island's own
     assert standing("m", ledger(h1=0.0, l2=1.4), honest, S) == 1.5
+
+
+def test_bench_attacks_members_lie_in_their_records_as_colluders_would():
+    from p2p_diloco.bench.member import LyingLedger
+    from p2p_diloco.discovery.records import MAX_DOUBT
+
+    seen = members(**{"member-0": {}, "member-1": {}, "honest-0": {}, "honest-1": {}})
+    liar = LyingLedger("member-0")
+    liar["honest-0"].record = 0.0  # what it measured does not matter
+    told = liar.doubts(seen)
+    assert told == {"honest-0": MAX_DOUBT, "honest-1": MAX_DOUBT, "member-1": 0.0}
+    reports = members(**{"member-0": told, "member-1": LyingLedger("member-1").doubts(seen)})
+    # an island that mixed honest-0 itself stops heeding them; one that has not is misled until it has
+    assert standing("honest-1", ledger(**{"member-0": 0.0, "member-1": 0.0, "honest-0": 0.0}), reports, S) is None
+    assert standing("honest-1", ledger(**{"member-0": 0.0, "member-1": 0.0}), reports, S) == MAX_DOUBT
