@@ -5,9 +5,9 @@ per coordinate, the honest mean shifted by a fraction of their spread against th
 or that sends a small negative multiple of the swarm's change (inner product manipulation) passes
 every bound of one state. What sets it apart is over time: its states sit back along the island's
 progress time after time, and their mixes raise the island's held-out loss time after time, where an
-honest partner's sit at most about a round back (a state of the same version lacks the part of this
-island's last step its own did not share: 0-0.5 rounds in `bench attack`'s clean runs) and lower the
-loss as often as not. Like CenteredClip's and BTARD's history term, and Templar's Gauntlet, which
+honest partner's sit at most about half a round back (a state of the same version lacks the part of
+this island's last step its own did not share: -0.06 to 0.63 rounds in `bench attack`'s clean runs)
+and lower the loss as often as not. Like CenteredClip's and BTARD's history term, and Templar's Gauntlet, which
 smooths each peer's score over time, the island keeps a record per partner (in its ledger): the
 average over that partner's states (each keeping `memory` of the one before) of
 
