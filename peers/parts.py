@@ -11,7 +11,7 @@ the island keeps the user's side (`peers.island`).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from p2p_diloco.config import DiLoCoConfig, IslandConfig, NetworkConfig
     from p2p_diloco.core.island import OuterLoop
     from p2p_diloco.core.modes import Exchange
+    from p2p_diloco.discovery.records import IslandRecord
     from p2p_diloco.exchange.linkemu import EmulatedLink
     from p2p_diloco.exchange.server import SnapshotServer
     from p2p_diloco.peers.admission.protocol import Check
@@ -99,11 +100,11 @@ class IslandParts:
                               relay=reach.relay, link=link, **publisher.public_side.partner_copies())
         ledger, trust = self.ledger(identity.name), self.admission.trust
 
-        def kept(peer: str) -> float:  # (the share of its weight a partner's record leaves it: `trust`)
-            return share(standing(peer, ledger, membership.members(), trust), trust.slack)
+        def kept(peer: str, members: Mapping[str, IslandRecord]) -> float:  # (what a partner's record leaves it: `trust`)
+            return share(standing(peer, ledger, members, trust), trust.slack)
         chooser = PartnerChooser(identity.peer_id, diloco.max_staleness, model=identity.model,
                                  relay=reach.relay is not None, rng=random.Random(identity.peer_id),
-                                 ring=exchange.ring, share=kept if "trust" in self.admission.checks else lambda peer: 1.0)
+                                 ring=exchange.ring, share=kept if "trust" in self.admission.checks else lambda peer, members: 1.0)
         catching_up = CatchingUp(identity.name, source, publisher.public_side.restart)
         checks = build_checks(self.admission, outer, probe_fn, self.checks)
         admission = Admission(checks, identity, outer, chooser, publisher, membership.members, ledger,

@@ -47,7 +47,7 @@ import random
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from p2p_diloco.core.schedule import ring_successor, shifted_partner, worth_fetching
@@ -104,8 +104,9 @@ class PartnerChooser:
     """The last partners picked, newest last."""
     excluded: set = field(default_factory=set)
     """Members never chosen again (their state did not fit this island's model)."""
-    share: Callable[[str], float] = lambda peer: 1.0
-    """The share of its weight a member's record leaves it, in (0, 1] (`peers.admission.trust.share`)."""
+    share: Callable[[str, Mapping[str, IslandRecord]], float] = lambda peer, members: 1.0
+    """The share of its weight a member's record leaves it, in (0, 1], read with the members' records the
+    choice reads (`peers.admission.trust.share`)."""
 
     @property
     def last(self) -> str | None:
@@ -143,7 +144,7 @@ class PartnerChooser:
             w /= 1 + r.upload_bps / total_upload
             if pid == self.last and len(others) > 1:
                 w *= LAST_PARTNER_FACTOR
-            weights[pid] = w * self.share(pid)
+            weights[pid] = w * self.share(pid, members)
         return weights
 
     def _same_model(self, pid: str, record: IslandRecord) -> bool:
@@ -183,7 +184,7 @@ class PartnerChooser:
         live = [pid for pid, r in members.items()
                 if r.state in ("training", "syncing") and not (self.model and r.model and r.model != self.model)]
         pick = shifted_partner(live, self.self_id, own_version)
-        if pick not in weights or self.share(pick) < 1:
+        if pick not in weights or self.share(pick, members) < 1:
             return None
         rate, median = self.history.get(pick, _PeerHistory()).rate_bps, self.measured_rate(among=weights)
         return None if rate and median and rate * SLOW_PARTNER < median else pick

@@ -140,12 +140,12 @@ def test_in_a_ring_an_island_fetches_its_successor_while_it_stays_a_candidate():
 def test_a_member_its_record_holds_is_drawn_that_much_less_and_never_the_permutation_partner():
     members = {p: rec(p) for p in ("me", "a", "b", "c")}
     held = {"b": 0.1}
-    c = chooser(share=lambda peer: held.get(peer, 1.0))
+    c = chooser(share=lambda peer, members: held.get(peer, 1.0))
     weights = c.candidates(members, own_version=5)
     assert weights["b"] == pytest.approx(0.1 * weights["a"])
     for version in range(40):  # whichever version makes "b" the permutation partner, the draw decides
         if shifted_partner(list(members), "me", version) == "b":
-            picks = [PartnerChooser("me", rng=random.Random(i), share=lambda peer: held.get(peer, 1.0))
+            picks = [PartnerChooser("me", rng=random.Random(i), share=lambda peer, members: held.get(peer, 1.0))
                      .choose(members, version).peer_id for i in range(50)]
             assert picks.count("b") < 10
             break
