@@ -43,7 +43,7 @@ swarm that size)."""
 MAX_DOUBTS = 16
 """Partners an island's record tells its doubts of, at most (`doubts`)."""
 MAX_DOUBT = 10.0
-"""The largest doubt a record tells (`peers.admission.probe.RECORD_MOST`: the most a record reaches)."""
+"""The largest doubt a record tells (a partner's record beyond it is told as this much)."""
 OPTIONAL_FIELDS = ("name", "fetched_from", "fetched_bps", "utilization", "time_split", "lr", "budget", "eta_s",
                    "doubts")
 """Fields a record may lack (records of islands older than the field): they take their default."""

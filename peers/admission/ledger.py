@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from p2p_diloco.discovery.records import MAX_DOUBTS, IslandRecord
+from p2p_diloco.discovery.records import MAX_DOUBT, MAX_DOUBTS, IslandRecord
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,8 @@ class PartnerLedger:
 
     def doubts(self, members: Mapping[str, IslandRecord]) -> dict[str, float]:
         """The records this island tells the swarm (`IslandRecord.doubts`): the `MAX_DOUBTS` highest of
-        the members among `members` (fault injection's liars read who they are)."""
+        the members among `members` (fault injection's liars read who they are), each at most `MAX_DOUBT`
+        (a record has no bound: a state many rounds back adds as many)."""
         told = sorted(((e.record, peer) for peer, e in self.entries.items() if e.record is not None and peer in members),
                       reverse=True)[:MAX_DOUBTS]
-        return {peer: round(record, 3) for record, peer in told}
+        return {peer: round(min(record, MAX_DOUBT), 3) for record, peer in told}

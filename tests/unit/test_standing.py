@@ -54,6 +54,9 @@ def test_an_island_tells_its_highest_records_of_members_it_knows():
     told = own.doubts(members(**{f"p{i:02d}": {} for i in range(20)}, fresh={}))
     assert len(told) == 16 and min(told.values()) == pytest.approx(0.4) and "gone" not in told
     assert IslandRecord(peer_id="me", endpoint="tcp://127.0.0.1:9000", doubts=told).doubts == told
+    # a partner whose states sat many rounds back has a record beyond what a discovery record carries
+    far = ledger(stuck=25.0).doubts(members(stuck={}))
+    assert far == {"stuck": 10.0} and IslandRecord(peer_id="me", endpoint="tcp://127.0.0.1:9000", doubts=far).doubts == far
 
 
 def test_members_that_contradict_what_this_island_saw_are_not_heard_on_anything():
